@@ -1,0 +1,111 @@
+"""Recipe definitions: which low-precision format each GEMM operand uses, under TE's recipe names and knobs.
+
+One source of truth: `RECIPES` maps every user-facing name to its definition; `get_recipe`
+applies the TE-named knobs (disable_rht, disable_stochastic_rounding, disable_2d_quantization,
+amax_history_len, amax_compute_algo).
+"""
+
+import dataclasses
+
+# Operand roles of the three GEMMs of a linear layer y = x . w (w in [K, N] kernel layout):
+#   fprop  y  = x      . w          operands "x" [M,K] and "w" (w^T [N,K])
+#   dgrad  dx = dy     . w^T        operands "dy" [M,N] and "w_t" (w [K,N])
+#   wgrad  dw = x^T    . dy         operands "x_t" (x^T [K,M]) and "dy_t" (dy^T [N,M])
+# Every operand is handed to its quantizer as [rows, contraction], blocks along the last axis.
+ROLES = ("x", "w", "dy", "w_t", "x_t", "dy_t")
+WEIGHT_ROLES = ("w", "w_t")
+GRAD_ROLES = ("dy", "dy_t")
+WGRAD_ROLES = ("x_t", "dy_t")
+
+FORMATS = ("bf16", "nvfp4", "fp8_current", "fp8_delayed", "mxfp8", "mxfp4")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """A precision recipe: a format for every GEMM operand plus TE's knobs."""
+  name: str
+  format: str  # one of FORMATS
+  summary: str
+  disable_rht: bool = False
+  disable_stochastic_rounding: bool = False
+  disable_2d_quantization: bool = False
+  amax_history_len: int = 1024
+  amax_compute_algo: str = "max"  # or "most_recent"
+
+  @property
+  def quantized(self) -> bool:
+    return self.format != "bf16"
+
+  @property
+  def stateful(self) -> bool:
+    """Whether the recipe keeps state across steps (delayed scaling's amax history)."""
+    return self.format == "fp8_delayed"
+
+  @property
+  def needs_rng(self) -> bool:
+    return self.format == "nvfp4" and not self.disable_stochastic_rounding
+
+  def rht(self, role: str) -> bool:
+    """RHT only on the two wgrad operands (TE's NVFP4 recipe)."""
+    return self.format == "nvfp4" and not self.disable_rht and role in WGRAD_ROLES
+
+  def stochastic_rounding(self, role: str) -> bool:
+    """SR only on output gradients."""
+    return self.needs_rng and role in GRAD_ROLES
+
+  def tile_2d(self, role: str) -> bool:
+    """16x16 tiles for the weight (both views the same numbers)."""
+    return self.format == "nvfp4" and not self.disable_2d_quantization and role in WEIGHT_ROLES
+
+  def fp8_dtype_name(self, role: str) -> str:
+    """HYBRID format for per-tensor FP8: E4M3 forward operands, E5M2 gradients."""
+    if self.format in ("fp8_current", "fp8_delayed") and role in GRAD_ROLES:
+      return "e5m2"
+    return "e4m3"
+
+
+RECIPES = {
+    "": Recipe("", "bf16", "no quantization: BF16 GEMMs with f32 accumulation"),
+    "te_nvfp4": Recipe(
+        "te_nvfp4", "nvfp4",
+        "NVFP4 (E2M1, E4M3 per 16, f32 per tensor); 16x16 weight tiles, RHT on wgrad, SR on gradients"),
+    "te_nvfp4_no_rht": Recipe(
+        "te_nvfp4_no_rht", "nvfp4", "te_nvfp4 without the wgrad Random Hadamard Transform",
+        disable_rht=True),
+    "te_fp8_currentscaling": Recipe(
+        "te_fp8_currentscaling", "fp8_current",
+        "per-tensor FP8, E4M3 forward / E5M2 gradients, scale = fp8_max / current amax"),
+    "te_fp8_delayedscaling": Recipe(
+        "te_fp8_delayedscaling", "fp8_delayed",
+        "per-tensor FP8, E4M3 forward / E5M2 gradients, scale from an amax history (stateful)"),
+    "te_mxfp8": Recipe(
+        "te_mxfp8", "mxfp8", "MXFP8: E4M3 with an E8M0 power-of-two scale per 32 along the contraction"),
+    "mxfp4": Recipe(
+        "mxfp4", "mxfp4",
+        "MXFP4: E2M1 with an E8M0 scale per 32, scale = 2^ceil(log2(block_amax / 6)) (TE reference rule:"
+        " no element saturates); no RHT, SR or 2D tiles"),
+}
+ALIASES = {"bf16": "", "none": ""}
+KNOBS = ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization",
+         "amax_history_len", "amax_compute_algo")
+
+
+def recipe_names():
+  return [n for n in RECIPES if n] + list(ALIASES)
+
+
+def get_recipe(name: str, **overrides) -> Recipe:
+  """The recipe called `name` ("" = BF16) with TE-named knobs overridden; ValueError lists valid choices."""
+  key = ALIASES.get(name, name)
+  if key not in RECIPES:
+    raise ValueError(f"unknown quantization recipe {name!r}; valid: \"\" (bf16), "
+                     + ", ".join(recipe_names()))
+  unknown = sorted(set(overrides) - set(KNOBS))
+  if unknown:
+    raise ValueError(f"unknown recipe knob(s) {unknown}; valid: {', '.join(KNOBS)}")
+  if overrides.get("amax_compute_algo", "max") not in ("max", "most_recent"):
+    raise ValueError("amax_compute_algo must be 'max' or 'most_recent'")
+  if int(overrides.get("amax_history_len", 1)) < 1:
+    raise ValueError("amax_history_len must be >= 1")
+  recipe = RECIPES[key]
+  return dataclasses.replace(recipe, **overrides) if overrides else recipe

@@ -1,0 +1,86 @@
+"""Transformer Engine backend: the te_* recipes on TE's native kernels. Imported lazily, never on CPU.
+
+Only `available()` is safe to call anywhere; everything else needs `transformer_engine.jax`.
+"""
+
+import functools
+import importlib
+
+import jax
+import jax.numpy as jnp
+
+from MaxText.quantization.recipes import Recipe
+
+NVFP4_MIN_SM = 100  # Blackwell
+FP8_MIN_SM = 89  # Ada / Hopper
+
+
+def _gpu_compute_capability():
+  """Major*10+minor of the first GPU, or None without one."""
+  try:
+    gpus = jax.devices("gpu")
+  except RuntimeError:
+    return None
+  cap = getattr(gpus[0], "compute_capability", None) if gpus else None
+  if not cap:
+    return None
+  major, minor = str(cap).split(".")
+  return int(major) * 10 + int(minor)
+
+
+@functools.lru_cache(maxsize=None)
+def _import_te():
+  try:
+    return importlib.import_module("transformer_engine.jax")
+  except Exception:  # ImportError, or a TE build that fails to load its CUDA library
+    return None
+
+
+def min_sm(recipe: Recipe) -> int:
+  return NVFP4_MIN_SM if recipe.format in ("nvfp4", "mxfp8") else FP8_MIN_SM
+
+
+def unavailable_reason(recipe: Recipe):
+  """None when TE can run `recipe` here, else why not (one line)."""
+  if not recipe.name.startswith("te_"):
+    return f"{recipe.name} has no Transformer Engine kernel"
+  sm = _gpu_compute_capability()
+  need = min_sm(recipe)
+  kind = "NVFP4" if recipe.format == "nvfp4" else "FP8"
+  if sm is None or sm < need:
+    return f"Transformer Engine {kind} needs an SM{need}+ GPU"
+  if _import_te() is None:
+    return "transformer_engine.jax is not importable"
+  return None
+
+
+def te_recipe(recipe: Recipe):
+  """The TE recipe object for one of our te_* recipes."""
+  r = importlib.import_module("transformer_engine.common.recipe")
+  if recipe.format == "nvfp4":
+    return r.NVFP4BlockScaling(disable_rht=recipe.disable_rht,
+                               disable_stochastic_rounding=recipe.disable_stochastic_rounding,
+                               disable_2d_quantization=recipe.disable_2d_quantization)
+  if recipe.format == "fp8_current":
+    return r.Float8CurrentScaling(fp8_format=r.Format.HYBRID)
+  if recipe.format == "fp8_delayed":
+    return r.DelayedScaling(fp8_format=r.Format.HYBRID, amax_history_len=recipe.amax_history_len,
+                            amax_compute_algo=recipe.amax_compute_algo)
+  if recipe.format == "mxfp8":
+    return r.MXFP8BlockScaling()
+  raise ValueError(f"{recipe.name} has no Transformer Engine recipe")
+
+
+def _sr_rng_state(key):
+  """TE's NVFP4 SR stream: uint32[4] per call, drawn from our (seed, step, layer, GEMM) key."""
+  return jax.random.bits(key, (4,), jnp.uint32)
+
+
+def qmatmul(x, w, recipe: Recipe, *, key=None):
+  """x [M, K] . w [K, N] through TE's dense with the recipe's quantizer set."""
+  te_dense = importlib.import_module("transformer_engine.jax.dense")
+  te_quantize = importlib.import_module("transformer_engine.jax.quantize")
+  quantizer_set = te_quantize.QuantizerFactory.create_set(fp8_recipe=te_recipe(recipe))
+  if recipe.needs_rng and key is not None:
+    quantizer_set.dgrad.stochastic_rounding_rng_state = _sr_rng_state(key)
+  return te_dense.dense(x, w, contracting_dims=((1,), (0,)), quantizer_set=quantizer_set)

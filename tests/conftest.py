@@ -1,0 +1,27 @@
+"""Shared test fixtures: repo paths and the golden NVFP4 cases."""
+
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GOLDEN = pathlib.Path(os.environ.get("NVFP4_GOLDEN_DIR", REPO.parent / "shared" / "golden" / "nvfp4"))
+
+
+def golden_cases(kind):
+  """[(name, meta, arrays)] for quantize/ or linear/, or [] when the golden data isn't beside the repo."""
+  index = GOLDEN / kind / "index.json"
+  if not index.exists():
+    return []
+  return [(c["name"], c, dict(np.load(GOLDEN / kind / f"{c['name']}.npz")))
+          for c in json.loads(index.read_text())]
+
+
+def golden_params(kind):
+  cases = golden_cases(kind)
+  if not cases:
+    return [pytest.param(None, marks=pytest.mark.skip(reason=f"no golden data under {GOLDEN}"))]
+  return [pytest.param(c, id=c[0]) for c in cases]

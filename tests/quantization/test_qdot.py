@@ -1,0 +1,122 @@
+"""qmatmul: golden NVFP4 linear layers, every recipe's gradients, SR keys, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from MaxText.quantization import backends, delayed, emulated, get_recipe, qdense, qmatmul, recipe_names
+from tests.conftest import golden_params
+
+
+def _rel(a, b):
+  a = np.asarray(jnp.asarray(a).astype(jnp.float32))
+  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("case", golden_params("linear"))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_golden_linear_fprop_dgrad_wgrad(case, dtype):
+  _, meta, d = case
+  recipe = get_recipe("te_nvfp4" if meta["rht"] else "te_nvfp4_no_rht", disable_stochastic_rounding=True)
+  y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe), jnp.asarray(d["x"], dtype), jnp.asarray(d["w"]))
+  dx, dw = vjp(jnp.asarray(d["dy"], dtype))
+  assert y.dtype == dtype and dx.dtype == dtype and dw.dtype == jnp.float32
+  tol = 1e-6 if dtype == jnp.float32 else 5e-3  # f32 outputs: only the f32 sum order differs
+  for got, want in ((y, d["y"]), (dx, d["dx"]), (dw, d["dw"])):
+    assert _rel(got, want) < tol
+
+
+def test_rht_changes_only_the_wgrad():
+  kx, kw, kd = jax.random.split(jax.random.key(0), 3)
+  x, w, dy = jax.random.normal(kx, (64, 96)), jax.random.normal(kw, (96, 32)), jax.random.normal(kd, (64, 32))
+  outs = {}
+  for name in ("te_nvfp4", "te_nvfp4_no_rht"):
+    r = get_recipe(name, disable_stochastic_rounding=True)
+    y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, r), x, w)
+    outs[name] = (y, *vjp(dy))
+  a, b = outs["te_nvfp4"], outs["te_nvfp4_no_rht"]
+  np.testing.assert_array_equal(a[0], b[0])
+  np.testing.assert_array_equal(a[1], b[1])
+  assert not np.array_equal(a[2], b[2])
+  exact_dw = x.T @ dy
+  assert _rel(a[2], exact_dw) < 0.2 and _rel(b[2], exact_dw) < 0.2
+
+
+@pytest.mark.parametrize("name", ["te_nvfp4", "te_nvfp4_no_rht", "te_fp8_currentscaling", "te_mxfp8", "mxfp4", ""])
+def test_every_recipe_approximates_the_exact_gradients(name):
+  kx, kw, kd = jax.random.split(jax.random.key(1), 3)
+  x, w, dy = jax.random.normal(kx, (64, 128)), jax.random.normal(kw, (128, 64)), jax.random.normal(kd, (64, 64))
+  r = get_recipe(name)
+  y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, r, key=jax.random.key(3)), x, w)
+  dx, dw = vjp(dy)
+  # Expected relative error of the product: ~1e-6 (f32), 2-7% (fp8: E5M2 gradients), ~10-15% (fp4).
+  tol = {"": 1e-5, "te_fp8_currentscaling": 0.1, "te_mxfp8": 0.06}.get(name, 0.2)
+  floor = {"": 0, "te_fp8_currentscaling": 1e-3, "te_mxfp8": 1e-3}.get(name, 0.02)
+  for got, want in ((y, x @ w), (dx, dy @ w.T), (dw, x.T @ dy)):
+    assert floor <= _rel(got, want) < tol, name
+
+
+def test_stochastic_rounding_key_controls_gradients_only():
+  x, w = jax.random.normal(jax.random.key(0), (32, 64)), jax.random.normal(jax.random.key(1), (64, 32))
+  r = get_recipe("te_nvfp4")
+  c = jax.random.normal(jax.random.key(2), (32, 32))  # a cotangent off the E2M1 grid
+  grad = lambda k: jax.grad(lambda x, w: (qmatmul(x, w, r, key=k) * c).sum(), argnums=(0, 1))(x, w)
+  g1, g1b, g2 = grad(jax.random.key(5)), grad(jax.random.key(5)), grad(jax.random.key(6))
+  np.testing.assert_array_equal(g1[0], g1b[0])
+  assert not np.array_equal(g1[0], g2[0]) and not np.array_equal(g1[1], g2[1])
+  np.testing.assert_array_equal(qmatmul(x, w, r, key=jax.random.key(5)), qmatmul(x, w, r, key=jax.random.key(6)))
+  with pytest.raises(ValueError, match="PRNG key"):
+    qmatmul(x, w, r)
+
+
+def test_qdense_flattens_leading_axes():
+  x = jax.random.normal(jax.random.key(0), (2, 8, 32)).astype(jnp.bfloat16)
+  w = jax.random.normal(jax.random.key(1), (32, 16))
+  r = get_recipe("te_nvfp4_no_rht", disable_stochastic_rounding=True)
+  y = qdense(x, w, r)
+  assert y.shape == (2, 8, 16) and y.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(y.reshape(16, 16), qmatmul(x.reshape(16, 32), w, r))
+
+
+def test_delayed_scaling_history_is_returned_as_gradient():
+  r = get_recipe("te_fp8_delayedscaling", amax_history_len=4)
+  x, w = jax.random.normal(jax.random.key(0), (16, 32)) * 3, jax.random.normal(jax.random.key(1), (32, 16))
+  hist = delayed.init_history(r)
+  _, _, new = jax.grad(lambda x, w, h: delayed.qmatmul_delayed(x, w, r, h).sum(), argnums=(0, 1, 2))(x, w, hist)
+  np.testing.assert_allclose(new[:, 0], [jnp.abs(x).max(), jnp.abs(w).max(), 1.0])
+  assert np.all(new[:, 1:] == 0)
+  y = delayed.qmatmul_delayed(x, w, r, new)
+  assert _rel(y, x @ w) < 0.06
+  with pytest.raises(ValueError, match="amax history"):
+    qmatmul(x, w, r)
+
+
+def test_recipe_registry_and_errors():
+  for name in ("", "te_nvfp4", "te_nvfp4_no_rht", "te_fp8_currentscaling", "te_fp8_delayedscaling",
+               "te_mxfp8", "mxfp4"):
+    assert get_recipe(name).name == name
+  assert get_recipe("te_nvfp4_no_rht") == get_recipe("te_nvfp4", disable_rht=True).__class__(
+      **{**get_recipe("te_nvfp4", disable_rht=True).__dict__, "name": "te_nvfp4_no_rht",
+         "summary": get_recipe("te_nvfp4_no_rht").summary})
+  with pytest.raises(ValueError, match="te_nvfp4"):
+    get_recipe("te_nvfp5")
+  with pytest.raises(ValueError, match="disable_rht"):
+    get_recipe("te_nvfp4", disable_rhtt=True)
+  assert "mxfp4" in recipe_names()
+
+
+def test_backend_falls_back_to_emulation_without_te(caplog):
+  r = get_recipe("te_nvfp4")
+  backends.resolve.cache_clear()
+  with caplog.at_level("WARNING"):
+    assert backends.resolve(r, "auto") == "emulated"
+  assert "running emulated NVFP4 numerics" in caplog.text
+  assert backends.resolve(get_recipe(""), "auto") == "bf16"
+  with pytest.raises(ValueError, match="quantization_backend=te"):
+    backends.resolve(r, "te")
+
+
+def test_mx_needs_blocks_of_32():
+  with pytest.raises(ValueError, match="multiple of 32"):
+    emulated.quantize_operand(jnp.ones((4, 48)), get_recipe("mxfp4"), "x")
