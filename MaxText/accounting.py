@@ -1,0 +1,93 @@
+"""Parameter counts, training FLOPs (MaxText's formula) and the per-device memory estimate."""
+
+import dataclasses
+
+GIB = 2 ** 30
+
+
+def param_count(cfg) -> int:
+  """Exact parameter count of the Llama 3 decoder (untied embedding and lm head)."""
+  d, f, h, kv, dh = cfg.base_emb_dim, cfg.base_mlp_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
+  attention = d * h * dh * 2 + d * kv * dh * 2
+  mlp = 3 * d * f
+  per_layer = attention + mlp + 2 * d
+  return 2 * cfg.vocab_size * d + cfg.base_num_decoder_layers * per_layer + d
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingFlops:
+  """Training FLOPs per device per step (forward + backward = 3 x forward), MaxText's accounting."""
+  attention_projection: float  # q, k, v, o GEMMs
+  mlp: float  # gate, up, down GEMMs
+  embedding: float  # the unembedding (lm head) GEMM
+  attention_core: float  # QK^T and PV, causal half counted
+
+  @property
+  def total(self):
+    return self.attention_projection + self.mlp + self.embedding + self.attention_core
+
+  @property
+  def tflops(self):
+    return self.total / 1e12
+
+
+def training_flops_per_device(cfg, per_device_batch_size=None) -> TrainingFlops:
+  """MaxText's calculate_tflops_training_per_device for a Llama (gated MLP) decoder."""
+  b = cfg.per_device_batch_size if per_device_batch_size is None else per_device_batch_size
+  tokens = b * cfg.max_target_length
+  d, f, h, kv, dh = cfg.base_emb_dim, cfg.base_mlp_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
+  layers = cfg.base_num_decoder_layers
+  mlp = 2 * tokens * d * f * len(cfg.mlp_activations) + 2 * tokens * f * d
+  qkv = 2 * tokens * d * (h + 2 * kv) * dh
+  out_proj = 2 * tokens * d * h * dh
+  embedding = 2 * tokens * d * cfg.vocab_size
+  causal_attention = 4 * tokens * cfg.max_target_length * h * dh / 2
+  return TrainingFlops(attention_projection=3 * (qkv + out_proj) * layers, mlp=3 * mlp * layers,
+                       embedding=3 * embedding, attention_core=3 * causal_attention * layers)
+
+
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+  """Bytes per device; activations are an estimate (see activation_bytes)."""
+  params: float
+  grads: float
+  optimizer: float
+  activations: float
+
+  @property
+  def total_gib(self):
+    return (self.params + self.grads + self.optimizer + self.activations) / GIB
+
+
+def activation_bytes(cfg, micro_batch_per_device) -> float:
+  """Activation memory kept for the backward pass of one micro-batch, per device.
+
+  Assumes: remat 'full' keeps each layer's input (L x B x T x D) plus one layer's working set;
+  'minimal' also keeps the GEMM outputs (q, k, v, attention out, gate, up: T x (H+2KV)Dh + T x D
+  + 2 T x F per layer); 'none' additionally keeps norms, activations and the XLA attention
+  probabilities (f32 B x H x T x T). Plus f32 logits and their gradient (2 x 4 B T V).
+  """
+  b, t = micro_batch_per_device, cfg.max_target_length
+  d, f, h, kv, dh = cfg.base_emb_dim, cfg.base_mlp_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
+  act = BYTES[cfg.dtype]
+  tokens = b * t
+  gemm_outputs = tokens * ((h + 2 * kv) * dh + h * dh + d + 2 * f) * act
+  scores = 0 if cfg.attention == "cudnn_flash" else b * h * t * t * 4
+  working_set = gemm_outputs + 4 * tokens * d * act + scores + tokens * f * act
+  per_layer = {"full": tokens * d * act, "minimal": tokens * d * act + gemm_outputs,
+               "none": working_set}[cfg.remat_policy]
+  logits = 2 * tokens * cfg.vocab_size * 4
+  return cfg.base_num_decoder_layers * per_layer + working_set + logits
+
+
+def memory_per_device(cfg, num_devices, micro_batch_size) -> MemoryEstimate:
+  """Parameters, f32 gradients and AdamW state (mu, nu in f32) sharded over `num_devices`, plus activations."""
+  n = param_count(cfg)
+  params = n * BYTES[cfg.weight_dtype] / num_devices
+  grads = n * 4 / num_devices
+  optimizer = n * 2 * 4 / num_devices
+  per_device_micro = max(micro_batch_size / num_devices, 1e-9)
+  return MemoryEstimate(params, grads, optimizer, activation_bytes(cfg, per_device_micro))

@@ -1,0 +1,260 @@
+"""The config schema (every key: type, default, doc), YAML + key=value loading, validation and derived values."""
+
+import dataclasses
+import difflib
+import os
+import pathlib
+import typing
+
+import yaml
+
+from MaxText.quantization import recipe_names
+
+
+class ConfigError(ValueError):
+  """A user mistake in a config file or override: printed as one line, exit code 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+  type: type
+  default: typing.Any
+  doc: str
+  choices: tuple = ()
+
+
+# One source of truth: configs/base.yml is generated from this table (see write_base_yml).
+SCHEMA = {
+    # -- run
+    "run_name": Key(str, "", "name of the run; outputs go to base_output_directory/run_name ('' = timestamp)"),
+    "base_output_directory": Key(str, "outputs", "root directory for metrics, TensorBoard events and checkpoints"),
+    "steps": Key(int, 100, "number of optimizer steps to train"),
+    "log_period": Key(int, 10, "flush metrics files (JSONL, TensorBoard) every this many steps"),
+    "seed": Key(int, 0, "seed for parameter init, data and stochastic rounding"),
+    "dry_run": Key(bool, False, "build the model abstractly, print the summary and memory estimate, exit"),
+    "enable_tensorboard": Key(bool, True, "write TensorBoard event files next to the JSONL metrics"),
+    "hardware_memory_gib": Key(float, 0.0, "memory per device for the preflight check (0 = ask the device)"),
+    # -- batch
+    "per_device_batch_size": Key(float, 1.0, "sequences per device per step (global batch = this x devices)"),
+    "max_target_length": Key(int, 2048, "sequence length in tokens"),
+    "gradient_accumulation_steps": Key(int, 1, "micro-batches accumulated into one optimizer step"),
+    # -- optimizer
+    "learning_rate": Key(float, 3e-4, "peak learning rate (AdamW)"),
+    "warmup_steps_fraction": Key(float, 0.1, "linear warmup length as a fraction of the schedule"),
+    "warmup_steps": Key(int, -1, "linear warmup length in steps (-1 = use warmup_steps_fraction)"),
+    "learning_rate_schedule_steps": Key(int, -1, "length of the warmup+cosine schedule (-1 = steps)"),
+    "cosine_learning_rate_final_fraction": Key(float, 0.1, "final learning rate as a fraction of the peak"),
+    "adam_b1": Key(float, 0.9, "AdamW beta1"),
+    "adam_b2": Key(float, 0.95, "AdamW beta2"),
+    "adam_eps": Key(float, 1e-8, "AdamW epsilon"),
+    "adam_weight_decay": Key(float, 0.1, "AdamW decoupled weight decay"),
+    "gradient_clipping_threshold": Key(float, 1.0, "clip gradients to this global norm (0 = off)"),
+    # -- precision
+    "dtype": Key(str, "bfloat16", "activation / compute dtype", ("bfloat16", "float32", "float16")),
+    "weight_dtype": Key(str, "float32", "parameter (master weight) dtype", ("float32", "bfloat16")),
+    "quantization": Key(str, "", "precision recipe of the MLP GEMMs ('' = BF16)", tuple([""] + recipe_names())),
+    "quantization_backend": Key(str, "auto", "auto: Transformer Engine where it can run the recipe, else emulated",
+                                ("auto", "te", "emulate")),
+    "disable_rht": Key(bool, False, "NVFP4: no Random Hadamard Transform on the wgrad operands"),
+    "disable_stochastic_rounding": Key(bool, False, "NVFP4: round gradients to nearest instead of stochastically"),
+    "disable_2d_quantization": Key(bool, False, "NVFP4: 1x16 blocks for weights instead of 16x16 tiles"),
+    # -- model
+    "model_name": Key(str, "llama3", "model family label (informational)"),
+    "base_emb_dim": Key(int, 2048, "model (embedding) width"),
+    "base_num_query_heads": Key(int, 16, "attention query heads"),
+    "base_num_kv_heads": Key(int, 8, "attention key/value heads (grouped-query attention)"),
+    "head_dim": Key(int, 128, "width of one attention head"),
+    "base_mlp_dim": Key(int, 7168, "SwiGLU hidden width"),
+    "base_num_decoder_layers": Key(int, 16, "decoder layers"),
+    "vocab_size": Key(int, 32000, "vocabulary size (embedding rows and lm head columns)"),
+    "mlp_activations": Key(list, ["silu", "linear"], "gated MLP activations: [gate, up]"),
+    "normalization_layer_epsilon": Key(float, 1e-5, "RMSNorm epsilon"),
+    "rope_max_timescale": Key(float, 500000.0, "RoPE base (theta)"),
+    "rope_type": Key(str, "default", "RoPE frequencies: default, or llama3.1 scaling", ("default", "llama3.1")),
+    "rope_scaling_factor": Key(float, 8.0, "llama3.1 RoPE: scale factor"),
+    "rope_low_freq_factor": Key(float, 1.0, "llama3.1 RoPE: low-frequency factor"),
+    "rope_high_freq_factor": Key(float, 4.0, "llama3.1 RoPE: high-frequency factor"),
+    "rope_original_max_position": Key(int, 8192, "llama3.1 RoPE: original context length"),
+    "scan_layers": Key(bool, True, "run the decoder layers with lax.scan (one compiled layer)"),
+    "remat_policy": Key(str, "full", "activation rematerialization per layer", ("none", "minimal", "full")),
+    "attention": Key(str, "dot_product", "attention kernel: XLA dot_product, or cuDNN flash on GPU",
+                     ("dot_product", "cudnn_flash")),
+    # -- data
+    "dataset_type": Key(str, "synthetic", "input pipeline", ("synthetic",)),
+}
+
+
+def _parse_bool(value):
+  if isinstance(value, bool):
+    return value
+  if isinstance(value, str) and value.lower() in ("true", "1", "yes"):
+    return True
+  if isinstance(value, str) and value.lower() in ("false", "0", "no"):
+    return False
+  raise ValueError
+
+
+def _coerce(name, value, where):
+  key = SCHEMA[name]
+  try:
+    if key.type is bool:
+      out = _parse_bool(value)
+    elif key.type is list:
+      if isinstance(value, str):
+        value = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
+      if not isinstance(value, list):
+        raise ValueError
+      out = [str(v).strip() for v in value]
+    elif key.type is int:
+      if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError
+      out = int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+    elif key.type is float:
+      if isinstance(value, bool):
+        raise ValueError
+      out = float(value)
+    else:
+      out = "" if value is None else str(value)
+  except (TypeError, ValueError):
+    raise ConfigError(f"{where}: {name}={value!r} is not a valid {key.type.__name__}") from None
+  if key.choices and out not in key.choices:
+    shown = ", ".join(repr(c) if c == "" else c for c in key.choices)
+    raise ConfigError(f"{where}: {name}={out!r} is not one of: {shown}")
+  return out
+
+
+def _unknown(name, where):
+  close = difflib.get_close_matches(name, SCHEMA, n=1)
+  hint = f" (did you mean '{close[0]}'?)" if close else ""
+  return ConfigError(f"{where}: unknown key '{name}'{hint}")
+
+
+def _load_yaml(path: pathlib.Path, seen=()):
+  if not path.is_file():
+    raise ConfigError(f"config file not found: {path}")
+  if path.resolve() in seen:
+    raise ConfigError(f"{path}: base_config cycle through {path.name}")
+  try:
+    raw = yaml.safe_load(path.read_text()) or {}
+  except yaml.YAMLError as e:
+    line = getattr(getattr(e, "problem_mark", None), "line", None)
+    at = f" line {line + 1}" if line is not None else ""
+    raise ConfigError(f"{path}{at}: not valid YAML ({getattr(e, 'problem', e)})") from None
+  if not isinstance(raw, dict):
+    raise ConfigError(f"{path}: expected a mapping of key: value")
+  values = {}
+  base = raw.pop("base_config", None)
+  if base:
+    values.update(_load_yaml(path.parent / base, seen + (path.resolve(),)))
+  for name, value in raw.items():
+    if name not in SCHEMA:
+      raise _unknown(name, str(path))
+    values[name] = _coerce(name, value, str(path))
+  return values
+
+
+def parse_overrides(args):
+  """['key=value', ...] -> {key: raw value}; errors name the argument."""
+  out = {}
+  for arg in args:
+    name, sep, value = arg.partition("=")
+    if not sep or not name:
+      raise ConfigError(f"command line: expected key=value, got '{arg}'")
+    if name not in SCHEMA:
+      raise _unknown(name, "command line")
+    out[name] = value
+  return out
+
+
+def load(config_path, overrides=(), environ=os.environ):
+  """The validated Config from a YAML file (with base_config inheritance) and key=value overrides."""
+  values = {n: k.default for n, k in SCHEMA.items()}
+  values.update(_load_yaml(pathlib.Path(config_path)))
+  for name, raw in parse_overrides(overrides).items():
+    values[name] = _coerce(name, raw, "command line")
+  del environ
+  return Config(**values)
+
+
+def _validate(c):
+  positive = ("steps", "max_target_length", "gradient_accumulation_steps", "base_emb_dim", "base_num_query_heads",
+              "base_num_kv_heads", "head_dim", "base_mlp_dim", "base_num_decoder_layers", "vocab_size", "log_period")
+  for name in positive:
+    if getattr(c, name) <= 0:
+      raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
+  if c.per_device_batch_size <= 0:
+    raise ConfigError(f"per_device_batch_size={c.per_device_batch_size} must be > 0")
+  if c.learning_rate < 0:
+    raise ConfigError(f"learning_rate={c.learning_rate} must be >= 0")
+  if not 0 <= c.warmup_steps_fraction <= 1:
+    raise ConfigError(f"warmup_steps_fraction={c.warmup_steps_fraction} must be in [0, 1]")
+  if c.base_num_query_heads % c.base_num_kv_heads:
+    raise ConfigError(f"base_num_query_heads={c.base_num_query_heads} must be a multiple of "
+                      f"base_num_kv_heads={c.base_num_kv_heads}")
+  if len(c.mlp_activations) != 2 or any(a not in ("silu", "gelu", "relu", "linear") for a in c.mlp_activations):
+    raise ConfigError(f"mlp_activations={c.mlp_activations} must be two of silu, gelu, relu, linear "
+                      "(gate, up), e.g. [silu, linear]")
+  if c.head_dim % 2:
+    raise ConfigError(f"head_dim={c.head_dim} must be even (RoPE rotates pairs)")
+
+
+def _replace(self, **changes):
+  """A copy with keys changed (values coerced and validated like overrides)."""
+  for name in changes:
+    if name not in SCHEMA:
+      raise _unknown(name, "replace")
+  return dataclasses.replace(self, **{n: _coerce(n, v, "replace") for n, v in changes.items()})
+
+
+def _field(key: Key):
+  if isinstance(key.default, list):
+    return dataclasses.field(default_factory=lambda d=key.default: list(d))
+  return dataclasses.field(default=key.default)
+
+
+# A validated run configuration: every SCHEMA key as a frozen attribute.
+Config = dataclasses.make_dataclass(
+    "Config", [(n, k.type, _field(k)) for n, k in SCHEMA.items()], frozen=True,
+    namespace={"__post_init__": lambda self: _validate(self), "replace": _replace,
+               "to_dict": lambda self: {n: getattr(self, n) for n in SCHEMA}})
+
+
+@dataclasses.dataclass(frozen=True)
+class RunShape:
+  """Values derived from a Config and the device count: the only place they are computed."""
+  num_devices: int
+  global_batch_size: int  # sequences per optimizer step
+  micro_batch_size: int  # sequences per accumulation micro-step
+  tokens_per_step: int
+
+  @classmethod
+  def of(cls, config, num_devices: int):
+    global_batch = config.per_device_batch_size * num_devices
+    if not float(global_batch).is_integer() or global_batch < 1:
+      raise ConfigError(f"per_device_batch_size={config.per_device_batch_size} x {num_devices} devices "
+                        "must be a whole number of sequences >= 1")
+    global_batch = int(global_batch)
+    if global_batch % config.gradient_accumulation_steps:
+      raise ConfigError(f"global batch {global_batch} is not divisible by gradient_accumulation_steps="
+                        f"{config.gradient_accumulation_steps}")
+    return cls(num_devices, global_batch, global_batch // config.gradient_accumulation_steps,
+               global_batch * config.max_target_length)
+
+
+def write_base_yml(path):
+  """configs/base.yml: every key with its default and doc, generated from SCHEMA."""
+  lines = ["# All keys with their defaults. Generated from MaxText/config.py SCHEMA:",
+           "#   python -m MaxText.config > configs/base.yml", ""]
+  for name, key in SCHEMA.items():
+    choices = f" [{', '.join(repr(c) if c == '' else str(c) for c in key.choices)}]" if key.choices else ""
+    lines.append(f"# {key.doc}{choices}")
+    lines.append(yaml.safe_dump({name: key.default}, default_flow_style=True).strip().strip("{}"))
+  text = "\n".join(lines) + "\n"
+  if path is None:
+    return text
+  pathlib.Path(path).write_text(text)
+  return text
+
+
+if __name__ == "__main__":
+  print(write_base_yml(None), end="")

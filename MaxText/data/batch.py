@@ -1,0 +1,34 @@
+"""The batch every pipeline yields and the iterator interface real data implements."""
+
+import abc
+import typing
+
+import numpy as np
+
+
+class Batch(typing.NamedTuple):
+  """Packed next-token batch, each [B, L]: `weights` 1 for real target tokens, 0 for padding."""
+  inputs: np.ndarray  # int32 token ids
+  targets: np.ndarray  # int32: inputs shifted by one
+  positions: np.ndarray  # int32 position within its segment
+  segment_ids: np.ndarray  # int32, attention never crosses segments; 0 = padding
+  weights: np.ndarray  # float32 loss weights
+
+
+class DataIterator(abc.ABC):
+  """An iterator of Batch with a saveable position (for exact resume)."""
+
+  @abc.abstractmethod
+  def __next__(self) -> Batch:
+    ...
+
+  def __iter__(self):
+    return self
+
+  @abc.abstractmethod
+  def get_state(self) -> dict:
+    """JSON-serialisable position."""
+
+  @abc.abstractmethod
+  def set_state(self, state: dict) -> None:
+    ...

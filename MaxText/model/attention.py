@@ -1,0 +1,89 @@
+"""Grouped-query self-attention with RoPE: q/k/v/o projections through Dense, core in XLA or cuDNN."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from MaxText.model.layers import Dense, GemmPrecision
+
+NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def rope_frequencies(head_dim, max_timescale, rope_type="default", scaling_factor=8.0, low_freq_factor=1.0,
+                     high_freq_factor=4.0, original_max_position=8192):
+  """Inverse frequencies [head_dim/2]; 'llama3.1' applies Llama 3.1's piecewise wavelength scaling."""
+  inv_freq = 1.0 / (max_timescale ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  if rope_type != "llama3.1":
+    return inv_freq
+  wavelen = 2 * math.pi / inv_freq
+  low_freq_wavelen = original_max_position / low_freq_factor
+  high_freq_wavelen = original_max_position / high_freq_factor
+  smooth = (original_max_position / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+  smoothed = (1 - smooth) * inv_freq / scaling_factor + smooth * inv_freq
+  return jnp.where(wavelen > low_freq_wavelen, inv_freq / scaling_factor,
+                   jnp.where(wavelen < high_freq_wavelen, inv_freq, smoothed))
+
+
+def apply_rope(x_BxLxHxD, positions_BxL, inv_freq):
+  """Rotate the two halves of each head by position * frequency (Llama's rotate-half convention)."""
+  angles = positions_BxL[..., None].astype(jnp.float32) * inv_freq  # [B, L, D/2]
+  sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x_BxLxHxD.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BxLxHxD.dtype)
+
+
+def dot_product_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL):
+  """Causal GQA attention in XLA: scores and softmax in f32; attention never crosses segments."""
+  b, l, h, d = q_BxLxHxD.shape
+  kv = k_BxSxKxD.shape[2]
+  q = q_BxLxHxD.reshape(b, l, kv, h // kv, d)
+  scores = jnp.einsum("blkgd,bskd->bkgls", q, k_BxSxKxD, preferred_element_type=jnp.float32) / math.sqrt(d)
+  causal = jnp.tril(jnp.ones((l, l), bool))
+  same_segment = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
+  mask = (causal[None] & same_segment)[:, None, None]  # [B, 1, 1, L, S]
+  probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1).astype(v_BxSxKxD.dtype)
+  out = jnp.einsum("bkgls,bskd->blkgd", probs, v_BxSxKxD, preferred_element_type=jnp.float32)
+  return out.reshape(b, l, h, d).astype(q_BxLxHxD.dtype)
+
+
+def cudnn_flash_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL):
+  """cuDNN fused attention (GPU only), causal, segments masked through the packed-sequence mask."""
+  same_segment = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
+  return jax.nn.dot_product_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, mask=same_segment[:, None],
+                                      is_causal=True, implementation="cudnn")
+
+
+ATTENTION_KERNELS = {"dot_product": dot_product_attention, "cudnn_flash": cudnn_flash_attention}
+
+
+class Attention(nnx.Module):
+  """Self-attention: q/k/v/o are Dense GEMMs (precision hook); QK^T, softmax and PV stay high precision."""
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    d, h, kv, dh = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
+    kw = dict(dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs)
+    self.query = Dense(d, h * dh, **kw)
+    self.key = Dense(d, kv * dh, **kw)
+    self.value = Dense(d, kv * dh, **kw)
+    self.out = Dense(h * dh, d, **kw)
+    self.heads, self.kv_heads, self.head_dim = h, kv, dh
+    self.rope = (dh, cfg.rope_max_timescale, cfg.rope_type, cfg.rope_scaling_factor, cfg.rope_low_freq_factor,
+                 cfg.rope_high_freq_factor, cfg.rope_original_max_position)
+    self.kernel = ATTENTION_KERNELS[cfg.attention]
+
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, precision, key):
+    b, l, _ = x_BxLxD.shape
+    keys = jax.random.split(key, 4) if key is not None else [None] * 4
+    inv_freq = rope_frequencies(*self.rope)
+    q = self.query(x_BxLxD, precision["q"], keys[0]).reshape(b, l, self.heads, self.head_dim)
+    k = self.key(x_BxLxD, precision["k"], keys[1]).reshape(b, l, self.kv_heads, self.head_dim)
+    v = self.value(x_BxLxD, precision["v"], keys[2]).reshape(b, l, self.kv_heads, self.head_dim)
+    q, k = apply_rope(q, positions_BxL, inv_freq), apply_rope(k, positions_BxL, inv_freq)
+    ctx = self.kernel(q, k, v, segment_ids_BxL).reshape(b, l, self.heads * self.head_dim)
+    return self.out(ctx, precision["o"], keys[3])
+
+
+__all__ = ["Attention", "GemmPrecision", "apply_rope", "dot_product_attention", "rope_frequencies"]

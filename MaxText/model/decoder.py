@@ -1,0 +1,106 @@
+"""The Llama 3 decoder: embedding, stacked decoder layers (scanned or looped, with remat), norm, lm head."""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from MaxText.model.attention import Attention
+from MaxText.model.layers import Embed, GemmPrecision, RMSNorm
+from MaxText.model.mlp import MLP
+
+ATTENTION_GEMMS = ("q", "k", "v", "o")
+MLP_GEMMS = ("gate", "up", "down")
+GEMMS = ATTENTION_GEMMS + MLP_GEMMS
+
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def uniform_precision(precision: GemmPrecision = GemmPrecision()):
+  """The same GemmPrecision for every GEMM of a layer."""
+  return {g: precision for g in GEMMS}
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x))."""
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    norm = dict(epsilon=cfg.normalization_layer_epsilon, dtype=jnp.dtype(cfg.dtype),
+                weight_dtype=jnp.dtype(cfg.weight_dtype))
+    self.pre_attention_norm = RMSNorm(cfg.base_emb_dim, **norm)
+    self.attention = Attention(cfg, rngs=rngs)
+    self.pre_mlp_norm = RMSNorm(cfg.base_emb_dim, **norm)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, precision, key):
+    k_attn, k_mlp = jax.random.split(key) if key is not None else (None, None)
+    x = x_BxLxD + self.attention(self.pre_attention_norm(x_BxLxD), positions_BxL, segment_ids_BxL,
+                                 precision, k_attn)
+    return x + self.mlp(self.pre_mlp_norm(x), precision, k_mlp)
+
+
+class Transformer(nnx.Module):
+  """tokens [B, L] -> logits [B, L, vocab] (f32).
+
+  Layers are created stacked (one parameter array per kind with a leading layer axis) whether
+  or not they are scanned, so checkpoints don't depend on scan_layers. `layer_precisions` is a
+  list of (start, stop, precision-map) ranges that together cover the layers: each range runs
+  as one lax.scan (scan_layers) or a Python loop.
+  """
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    dtype, weight_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.weight_dtype)
+    self.embed = Embed(cfg.vocab_size, cfg.base_emb_dim, dtype=dtype, weight_dtype=weight_dtype, rngs=rngs)
+
+    @nnx.split_rngs(splits=cfg.base_num_decoder_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make_layers(rngs):
+      return DecoderLayer(cfg, rngs=rngs)
+
+    self.layers = make_layers(rngs)
+    self.final_norm = RMSNorm(cfg.base_emb_dim, epsilon=cfg.normalization_layer_epsilon, dtype=dtype,
+                              weight_dtype=weight_dtype)
+    self.lm_head = nnx.Param(nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")(
+        rngs.params(), (cfg.base_emb_dim, cfg.vocab_size), weight_dtype))
+    self.num_layers = cfg.base_num_decoder_layers
+    self.scan_layers = cfg.scan_layers
+    self.remat_policy = cfg.remat_policy
+    self.dtype = dtype
+
+  def _run_layers(self, x, positions, segment_ids, layer_precisions, key):
+    graphdef, stacked = nnx.split(self.layers)
+
+    def block(precision):
+      def body(x, layer_state_and_index):
+        layer_state, index = layer_state_and_index
+        layer = nnx.merge(graphdef, layer_state)
+        layer_key = jax.random.fold_in(key, index) if key is not None else None
+        return layer(x, positions, segment_ids, precision, layer_key), None
+      if self.remat_policy != "none":
+        body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan_layers)
+      return body
+
+    for start, stop, precision in layer_precisions:
+      body = block(precision)
+      if self.scan_layers:
+        part = jax.tree.map(lambda a: a[start:stop], stacked)
+        x, _ = jax.lax.scan(body, x, (part, jnp.arange(start, stop)))
+      else:
+        for i in range(start, stop):
+          x, _ = body(x, (jax.tree.map(lambda a, i=i: a[i], stacked), jnp.int32(i)))
+    return x
+
+  def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, layer_precisions=None, key=None):
+    b, l = tokens_BxL.shape
+    if positions_BxL is None:
+      positions_BxL = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
+    if segment_ids_BxL is None:
+      segment_ids_BxL = jnp.ones((b, l), jnp.int32)
+    if layer_precisions is None:
+      layer_precisions = [(0, self.num_layers, uniform_precision())]
+    x = self.embed(tokens_BxL)
+    x = self._run_layers(x, positions_BxL, segment_ids_BxL, layer_precisions, key)
+    x = self.final_norm(x)
+    return jnp.dot(x, self.lm_head[...].astype(self.dtype), preferred_element_type=jnp.float32)

@@ -1,0 +1,69 @@
+"""Building blocks: the Dense layer with its precision hook, RMSNorm, token embedding."""
+
+import typing
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from MaxText.quantization import Recipe, get_recipe, qdense
+
+BF16 = get_recipe("")
+
+
+class GemmPrecision(typing.NamedTuple):
+  """How one GEMM runs: the recipe and the backend request (auto / te / emulate). Static (hashable)."""
+  recipe: Recipe = BF16
+  backend: str = "auto"
+
+
+def dense_init():
+  return nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+
+class Dense(nnx.Module):
+  """y = x . kernel with kernel [in, out] in weight_dtype; every call goes through one dot_general hook.
+
+  The hook is `dot_general(x, kernel, precision, key)`: the quantized matmul of the recipe
+  that the caller passes per call, so one (possibly scanned) layer can run under different
+  recipes per GEMM kind and per layer.
+  """
+
+  def __init__(self, in_features, out_features, *, dtype, weight_dtype, rngs: nnx.Rngs):
+    self.kernel = nnx.Param(dense_init()(rngs.params(), (in_features, out_features), weight_dtype))
+    self.dtype = dtype
+
+  @staticmethod
+  def dot_general(x, kernel, precision: GemmPrecision, key):
+    return qdense(x, kernel, precision.recipe, key=key, backend=precision.backend)
+
+  def __call__(self, x, precision: GemmPrecision = GemmPrecision(), key=None):
+    kernel = self.kernel[...]
+    if not precision.recipe.quantized:
+      kernel = kernel.astype(self.dtype)  # BF16 GEMM; quantizers read the f32 master weight
+    return self.dot_general(x.astype(self.dtype), kernel, precision, key)
+
+
+class RMSNorm(nnx.Module):
+  """x / rms(x) * scale, computed in f32."""
+
+  def __init__(self, features, *, epsilon, dtype, weight_dtype):
+    self.scale = nnx.Param(jnp.ones((features,), weight_dtype))
+    self.epsilon = epsilon
+    self.dtype = dtype
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.epsilon)
+    return (y * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+class Embed(nnx.Module):
+  """Token embedding lookup [vocab, emb] (outside the precision hook)."""
+
+  def __init__(self, vocab_size, features, *, dtype, weight_dtype, rngs: nnx.Rngs):
+    self.embedding = nnx.Param(nnx.initializers.normal(1.0)(rngs.params(), (vocab_size, features), weight_dtype))
+    self.dtype = dtype
+
+  def __call__(self, tokens_BxL):
+    return jnp.take(self.embedding[...], tokens_BxL, axis=0).astype(self.dtype)

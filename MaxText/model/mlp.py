@@ -1,0 +1,27 @@
+"""Gated (SwiGLU) MLP: gate, up and down projections, each a Dense GEMM through the precision hook."""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from MaxText.model.layers import Dense
+
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu, "linear": lambda x: x}
+
+
+class MLP(nnx.Module):
+  """down(act0(gate(x)) * act1(up(x)))."""
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    d, f = cfg.base_emb_dim, cfg.base_mlp_dim
+    kw = dict(dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs)
+    self.gate = Dense(d, f, **kw)
+    self.up = Dense(d, f, **kw)
+    self.down = Dense(f, d, **kw)
+    self.activations = tuple(cfg.mlp_activations)
+
+  def __call__(self, x_BxLxD, precision, key):
+    keys = jax.random.split(key, 3) if key is not None else [None] * 3
+    gate = ACTIVATIONS[self.activations[0]](self.gate(x_BxLxD, precision["gate"], keys[0]))
+    up = ACTIVATIONS[self.activations[1]](self.up(x_BxLxD, precision["up"], keys[1]))
+    return self.down(gate * up, precision["down"], keys[2])
