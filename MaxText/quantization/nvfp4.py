@@ -11,6 +11,7 @@ Behaviour at the edges (as TE's reference quantizer):
     tensor stays visibly poisoned instead of being silently clipped.
 """
 
+import functools
 import typing
 
 import jax
@@ -84,7 +85,11 @@ def _block_amax(x_f32, tile):
 
 def quantize(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None) -> NVFP4Tensor:
   """Quantize a 2-D x [M, N] to NVFP4 with blocks along the last axis (16x16 tiles if tile=(16, 16))."""
-  tile = tuple(tile)
+  return _quantize_jit(x, tile=tuple(tile), rht=rht, stochastic_rounding=stochastic_rounding, key=key)
+
+
+@functools.partial(jax.jit, static_argnames=("tile", "rht", "stochastic_rounding"))
+def _quantize_jit(x, *, tile, rht, stochastic_rounding, key):
   if tile not in ((1, BLOCK), (BLOCK, BLOCK)):
     raise ValueError(f"nvfp4.quantize: tile must be (1, 16) or (16, 16), got {tile}")
   if x.ndim != 2:

@@ -74,7 +74,11 @@ def qmatmul(x, w, recipe: Recipe, *, key=None, backend="auto"):
                      "qmatmul_delayed with its state")
   if backends.resolve(recipe, backend) == "te":
     return te_backend.qmatmul(x, w, recipe, key=key)
-  return _qmatmul_2d(x, w, _as_key(key, recipe), recipe)
+  return _qmatmul_emulated(x, w, _as_key(key, recipe), recipe)
+
+
+# jit at the edge: eager calls compile once per shape; inside a jitted model this just inlines.
+_qmatmul_emulated = jax.jit(_qmatmul_2d, static_argnums=(3,))
 
 
 def qdense(x, w, recipe: Recipe, *, key=None, backend="auto"):

@@ -1,0 +1,94 @@
+"""The Llama decoder: shapes, and a forward pass against an independent NumPy reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from MaxText import config
+from MaxText.model import attention
+from MaxText.model.decoder import Transformer
+from tests.conftest import REPO
+
+TINY = ["base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=8", "base_mlp_dim=48",
+        "base_num_decoder_layers=2", "vocab_size=64", "max_target_length=12", "dtype=float32"]
+
+
+def _cfg(*extra):
+  return config.load(REPO / "configs" / "base.yml", TINY + list(extra))
+
+
+def _np_reference(params, tokens, cfg):
+  """Llama 3 forward written from the paper's equations in NumPy (float64)."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), nnx.to_pure_dict(params))
+  h, kv, dh = cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
+  b, t = tokens.shape
+  rms = lambda x, s: x / np.sqrt((x ** 2).mean(-1, keepdims=True) + cfg.normalization_layer_epsilon) * s
+  silu = lambda x: x / (1 + np.exp(-x))
+  inv = 1.0 / cfg.rope_max_timescale ** (np.arange(0, dh, 2) / dh)
+  ang = np.arange(t)[:, None] * inv[None]
+  cos, sin = np.cos(ang), np.sin(ang)
+
+  def rope(x):  # x [b, t, heads, dh]
+    x1, x2 = x[..., : dh // 2], x[..., dh // 2:]
+    c, s = cos[None, :, None], sin[None, :, None]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+  x = p["embed"]["embedding"][tokens]
+  for i in range(cfg.base_num_decoder_layers):
+    lp = jax.tree.map(lambda a: a[i], p["layers"])
+    a = lp["attention"]
+    y = rms(x, lp["pre_attention_norm"]["scale"])
+    q = rope((y @ a["query"]["kernel"]).reshape(b, t, h, dh))
+    k = rope((y @ a["key"]["kernel"]).reshape(b, t, kv, dh))
+    v = (y @ a["value"]["kernel"]).reshape(b, t, kv, dh)
+    k, v = np.repeat(k, h // kv, axis=2), np.repeat(v, h // kv, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(dh)
+    s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    ctx = np.einsum("bhqk,bkhd->bqhd", w, v).reshape(b, t, h * dh)
+    x = x + ctx @ a["out"]["kernel"]
+    m = lp["mlp"]
+    y = rms(x, lp["pre_mlp_norm"]["scale"])
+    x = x + (silu(y @ m["gate"]["kernel"]) * (y @ m["up"]["kernel"])) @ m["down"]["kernel"]
+  return rms(x, p["final_norm"]["scale"]) @ p["lm_head"]
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_forward_matches_numpy_reference(scan):
+  cfg = _cfg(f"scan_layers={scan}", "remat_policy=none")
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.max_target_length))
+  logits = model(jnp.asarray(tokens))
+  assert logits.shape == (2, cfg.max_target_length, cfg.vocab_size) and logits.dtype == jnp.float32
+  want = _np_reference(nnx.state(model, nnx.Param), tokens, cfg)
+  np.testing.assert_allclose(np.asarray(logits), want, rtol=2e-4, atol=2e-4)
+
+
+def test_parameter_shapes_and_dtypes():
+  cfg = _cfg("dtype=bfloat16")
+  params = nnx.state(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+  d = nnx.to_pure_dict(params)
+  assert d["layers"]["attention"]["query"]["kernel"].shape == (2, 32, 32)
+  assert d["layers"]["attention"]["key"]["kernel"].shape == (2, 32, 16)
+  assert d["layers"]["mlp"]["down"]["kernel"].shape == (2, 48, 32)
+  assert d["lm_head"].shape == (32, 64) and d["embed"]["embedding"].shape == (64, 32)
+  assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(d))
+
+
+def test_segments_do_not_attend_across_documents():
+  q = jax.random.normal(jax.random.key(0), (1, 6, 2, 8))
+  k, v = q + 1.0, jax.random.normal(jax.random.key(1), (1, 6, 2, 8))
+  seg = jnp.array([[1, 1, 1, 2, 2, 2]])
+  out = attention.dot_product_attention(q, k, v, seg)
+  alone = attention.dot_product_attention(q[:, 3:], k[:, 3:], v[:, 3:], seg[:, 3:])
+  np.testing.assert_allclose(out[:, 3:], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_llama31_rope_scaling_keeps_high_and_scales_low_frequencies():
+  base = attention.rope_frequencies(128, 500000.0)
+  scaled = attention.rope_frequencies(128, 500000.0, "llama3.1")
+  assert scaled[0] == base[0]  # short wavelengths untouched
+  np.testing.assert_allclose(scaled[-1], base[-1] / 8.0, rtol=1e-6)  # long wavelengths / factor

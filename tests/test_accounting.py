@@ -1,0 +1,43 @@
+"""Parameter counts, the training FLOPs formula and the memory estimate, against hand-computed values."""
+
+from MaxText import accounting, config
+from tests.conftest import REPO
+
+
+def _cfg(name, *overrides):
+  return config.load(REPO / "configs" / name, list(overrides))
+
+
+def test_llama3_8b_params_and_flops():
+  cfg = _cfg("llama3_8b.yml", "per_device_batch_size=1", "max_target_length=8192")
+  assert accounting.param_count(cfg) == 8030261248
+  # Hand-computed, T = 8192 tokens: 3 x [32 x (2T.D.F.2 + 2T.F.D + 2T.D.(32+16).128 + 2T.D.4096)
+  #   + 2T.D.V] + 3 x 32 x (4 T^2 .32.128 / 2)
+  t, d, f, v = 8192, 4096, 14336, 128256
+  gemms = 32 * (2 * t * d * f * 2 + 2 * t * f * d + 2 * t * d * 48 * 128 + 2 * t * d * 4096) + 2 * t * d * v
+  attention = 32 * 4 * t * t * 32 * 128 / 2
+  expected = 3 * (gemms + attention) / 1e12
+  flops = accounting.training_flops_per_device(cfg)
+  assert abs(flops.tflops - expected) < 1e-9
+  assert round(flops.tflops, 2) == 421.65
+
+
+def test_llama31_405b_params_and_flops():
+  cfg = _cfg("llama3.1_405b.yml", "per_device_batch_size=1", "max_target_length=8192")
+  assert accounting.param_count(cfg) == 405853388800
+  t, d, f, v, l = 8192, 16384, 53248, 128256, 126
+  gemms = l * (6 * t * d * f + 2 * t * d * (128 + 16) * 128 + 2 * t * d * 128 * 128) + 2 * t * d * v
+  attention = l * 4 * t * t * 128 * 128 / 2
+  assert abs(accounting.training_flops_per_device(cfg).tflops - 3 * (gemms + attention) / 1e12) < 1e-6
+
+
+def test_memory_estimate_shards_state_and_scales_with_remat():
+  cfg = _cfg("llama3_8b.yml", "per_device_batch_size=1")
+  one = accounting.memory_per_device(cfg, 1, 1)
+  four = accounting.memory_per_device(cfg, 4, 4)
+  n = 8030261248
+  assert one.params == n * 4 and one.grads == n * 4 and one.optimizer == n * 8
+  assert four.params == n  # sharded over 4 devices
+  full = accounting.activation_bytes(cfg, 1)
+  none = accounting.activation_bytes(cfg.replace(remat_policy="none"), 1)
+  assert none > 4 * full

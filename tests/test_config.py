@@ -1,0 +1,94 @@
+"""Config loading: inheritance, coercion, every error path (one line, exit 2), base.yml in sync."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from MaxText import config
+from tests.conftest import REPO
+
+BASE = REPO / "configs" / "base.yml"
+
+
+def test_base_yml_is_generated_from_the_schema():
+  assert BASE.read_text() == config.write_base_yml(None), "run: python -m MaxText.config > configs/base.yml"
+
+
+def test_defaults_inheritance_and_overrides(tmp_path):
+  parent = tmp_path / "parent.yml"
+  parent.write_text(f"base_config: {BASE}\nsteps: 7\nlearning_rate: 1e-3\n")
+  child = tmp_path / "sub" / "child.yml"
+  child.parent.mkdir()
+  child.write_text("base_config: ../parent.yml\nsteps: 9\n")
+  cfg = config.load(child, ["scan_layers=false", "mlp_activations=gelu,linear", "per_device_batch_size=2"])
+  assert cfg.steps == 9 and cfg.learning_rate == 1e-3 and cfg.scan_layers is False
+  assert cfg.mlp_activations == ["gelu", "linear"] and cfg.per_device_batch_size == 2.0
+  assert cfg.vocab_size == config.SCHEMA["vocab_size"].default
+
+
+def test_llama_configs_have_the_published_shapes():
+  c8 = config.load(REPO / "configs" / "llama3_8b.yml")
+  assert (c8.base_emb_dim, c8.base_num_query_heads, c8.base_num_kv_heads, c8.base_num_decoder_layers,
+          c8.base_mlp_dim, c8.head_dim, c8.vocab_size, c8.rope_max_timescale,
+          c8.normalization_layer_epsilon) == (4096, 32, 8, 32, 14336, 128, 128256, 500000.0, 1e-5)
+  c405 = config.load(REPO / "configs" / "llama3.1_405b.yml")
+  assert (c405.base_emb_dim, c405.base_num_query_heads, c405.base_num_kv_heads, c405.base_num_decoder_layers,
+          c405.base_mlp_dim) == (16384, 128, 8, 126, 53248)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("learning_rat=1", "unknown key 'learning_rat' (did you mean 'learning_rate'?)"),
+    ("steps=abc", "steps='abc' is not a valid int"),
+    ("steps=1.5", "steps='1.5' is not a valid int"),
+    ("scan_layers=maybe", "scan_layers='maybe' is not a valid bool"),
+    ("remat_policy=some", "remat_policy='some' is not one of: none, minimal, full"),
+    ("quantization=te_nvfp5", "quantization='te_nvfp5' is not one of"),
+    ("steps=0", "steps=0 must be > 0"),
+    ("base_num_kv_heads=3", "must be a multiple of base_num_kv_heads=3"),
+    ("novalue", "expected key=value, got 'novalue'"),
+])
+def test_override_errors(override, message):
+  with pytest.raises(config.ConfigError) as e:
+    config.load(BASE, [override])
+  assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_file_errors(tmp_path):
+  with pytest.raises(config.ConfigError, match="config file not found"):
+    config.load(tmp_path / "missing.yml")
+  bad = tmp_path / "bad.yml"
+  bad.write_text("steps: [1,\n")
+  with pytest.raises(config.ConfigError, match="not valid YAML"):
+    config.load(bad)
+  typo = tmp_path / "typo.yml"
+  typo.write_text("stesp: 3\n")
+  with pytest.raises(config.ConfigError, match=r"typo.yml: unknown key 'stesp' \(did you mean 'steps'\?\)"):
+    config.load(typo)
+  loop = tmp_path / "loop.yml"
+  loop.write_text("base_config: loop.yml\n")
+  with pytest.raises(config.ConfigError, match="cycle"):
+    config.load(loop)
+
+
+def test_run_shape_derivations():
+  cfg = config.load(BASE, ["per_device_batch_size=2", "gradient_accumulation_steps=4", "max_target_length=64"])
+  shape = config.RunShape.of(cfg, 4)
+  assert (shape.global_batch_size, shape.micro_batch_size, shape.tokens_per_step) == (8, 2, 512)
+  with pytest.raises(config.ConfigError, match="not divisible by gradient_accumulation_steps"):
+    config.RunShape.of(cfg.replace(gradient_accumulation_steps=3), 4)
+  with pytest.raises(config.ConfigError, match="whole number"):
+    config.RunShape.of(cfg.replace(per_device_batch_size=0.5), 1)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["configs/llama3_tiny.yml", "learning_rat=0.1"], "command line: unknown key 'learning_rat' (did you mean 'learning_rate'?)"),
+    (["configs/llama3_tiny.yml", "steps=ten"], "command line: steps='ten' is not a valid int"),
+    (["configs/nope.yml"], "config file not found: configs/nope.yml"),
+])
+def test_cli_errors_are_one_line_with_exit_code_2(args, message):
+  proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == [f"error: {message}"]
+  assert "Traceback" not in proc.stderr

@@ -1,0 +1,82 @@
+"""Training end to end on the tiny model: falling loss, the MaxText step line, dry run, preflight."""
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from MaxText import config, train
+from tests.conftest import REPO
+
+SMALL = ["base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=16", "base_mlp_dim=128",
+         "base_num_decoder_layers=2", "vocab_size=128", "max_target_length=32", "per_device_batch_size=8",
+         "learning_rate=3e-3", "enable_tensorboard=false"]
+STEP_LINE = re.compile(r"^completed step: (\d+), seconds: [\d.]+, TFLOP/s/device: [\d.]+, "
+                       r"Tokens/s/device: [\d.]+, total_weights: (\d+), loss: ([\d.]+)$")
+
+
+def _cfg(tmp_path, *extra):
+  return config.load(REPO / "configs" / "llama3_tiny.yml",
+                     SMALL + [f"base_output_directory={tmp_path}", "run_name=t"] + list(extra))
+
+
+def test_loss_falls_and_metrics_are_written(tmp_path):
+  losses = train.train(_cfg(tmp_path, "steps=25"))
+  assert len(losses) == 25
+  assert np.mean(losses[-5:]) < np.mean(losses[:3]) - 0.8
+  records = [json.loads(l) for l in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records] == list(range(25)) and records[-1]["total_weights"] == 8 * 32
+
+
+def test_scan_and_loop_and_remat_train_the_same(tmp_path):
+  ref = train.train(_cfg(tmp_path, "steps=3", "dtype=float32", "remat_policy=none"))
+  for extra in (["scan_layers=false"], ["remat_policy=full"], ["remat_policy=minimal", "scan_layers=false"]):
+    np.testing.assert_allclose(train.train(_cfg(tmp_path, "steps=3", "dtype=float32", *extra)), ref, rtol=2e-5)
+
+
+def test_gradient_accumulation_matches_the_full_batch(tmp_path):
+  ref = train.train(_cfg(tmp_path, "steps=3", "dtype=float32"))
+  acc = train.train(_cfg(tmp_path, "steps=3", "dtype=float32", "gradient_accumulation_steps=4"))
+  np.testing.assert_allclose(acc, ref, rtol=2e-5)
+
+
+def test_nvfp4_mlp_trains(tmp_path):
+  losses = train.train(_cfg(tmp_path, "steps=12", "quantization=te_nvfp4"))
+  assert np.mean(losses[-3:]) < losses[0] - 0.5
+
+
+def _run(*args):
+  return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_prints_maxtext_step_lines(tmp_path):
+  proc = _run("configs/llama3_tiny.yml", *SMALL, "steps=4", f"base_output_directory={tmp_path}")
+  assert proc.returncode == 0, proc.stderr
+  steps = [STEP_LINE.match(l) for l in proc.stdout.splitlines() if l.startswith("completed step")]
+  assert len(steps) == 4 and all(steps)
+  assert [int(m.group(1)) for m in steps] == [0, 1, 2, 3] and steps[0].group(2) == str(8 * 32)
+
+
+@pytest.mark.parametrize("cfg, extra, params, tflops", [
+    ("llama3_8b.yml", ["per_device_batch_size=1", "max_target_length=8192"], 8030261248, "421.65"),
+    ("llama3.1_405b.yml", [], 405853388800, None),
+])
+def test_dry_run_summary(cfg, extra, params, tflops):
+  proc = _run(f"configs/{cfg}", "dry_run=true", *extra)
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.splitlines()
+  assert f"parameters: {params}" in lines
+  if tflops:
+    assert f"TFLOPs per device per step: {tflops}" in lines
+  assert any(re.fullmatch(r"memory per device: [\d.]+ GiB", l) for l in lines)
+  assert "completed step" not in proc.stdout
+
+
+def test_8b_on_this_box_is_refused_before_allocating():
+  proc = _run("configs/llama3_8b.yml", "hardware_memory_gib=24")
+  assert proc.returncode == 2
+  msg = proc.stderr.strip().splitlines()
+  assert len(msg) == 1 and re.search(r"estimated memory per device [\d.]+ GiB exceeds the 24.0 GiB", msg[0])
