@@ -101,7 +101,7 @@ def make_train_step(graphdef, tx, plan, accumulation_steps, seed):
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     return params, opt_state, {"loss": xent / jnp.maximum(weights, 1.0), "total_weights": weights,
-                               "grad_norm": optax.global_norm(grads)}
+                               "grad_norm": optax.tree.norm(grads)}
 
   return jax.jit(step_fn, donate_argnums=(0, 2))
 
