@@ -53,6 +53,13 @@ SCHEMA = {
     "dtype": Key(str, "bfloat16", "activation / compute dtype", ("bfloat16", "float32", "float16")),
     "weight_dtype": Key(str, "float32", "parameter (master weight) dtype", ("float32", "bfloat16")),
     "quantization": Key(str, "", "precision recipe of the MLP GEMMs ('' = BF16)", tuple([""] + recipe_names())),
+    "quantization_scope": Key(str, "mlp", "GEMMs that run `quantization`: mlp (the published recipe) or "
+                              "all_dense (attention q/k/v/o projections too, MaxText's behaviour)", ("mlp", "all_dense")),
+    "attention_quantization": Key(str, "", "recipe of the attention q/k/v/o projections when "
+                                  "quantization_scope=mlp ('' = BF16)", tuple([""] + recipe_names())),
+    "quantization_bf16_first_layers": Key(int, 0, "keep this many first decoder layers unquantized (BF16)"),
+    "quantization_bf16_last_layers": Key(int, 0, "keep this many last decoder layers unquantized (BF16)"),
+    "high_precision_from_step": Key(int, -1, "run every GEMM in BF16 from this step on (-1 = never)"),
     "quantization_backend": Key(str, "auto", "auto: Transformer Engine where it can run the recipe, else emulated",
                                 ("auto", "te", "emulate")),
     "disable_rht": Key(bool, False, "NVFP4: no Random Hadamard Transform on the wgrad operands"),
@@ -194,6 +201,10 @@ def _validate(c):
   if len(c.mlp_activations) != 2 or any(a not in ("silu", "gelu", "relu", "linear") for a in c.mlp_activations):
     raise ConfigError(f"mlp_activations={c.mlp_activations} must be two of silu, gelu, relu, linear "
                       "(gate, up), e.g. [silu, linear]")
+  edge = c.quantization_bf16_first_layers + c.quantization_bf16_last_layers
+  if min(c.quantization_bf16_first_layers, c.quantization_bf16_last_layers) < 0 or edge > c.base_num_decoder_layers:
+    raise ConfigError(f"quantization_bf16_first_layers + quantization_bf16_last_layers = {edge} must be between 0 "
+                      f"and base_num_decoder_layers={c.base_num_decoder_layers}")
   if c.head_dim % 2:
     raise ConfigError(f"head_dim={c.head_dim} must be even (RoPE rotates pairs)")
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from MaxText import accounting
 from MaxText.model.decoder import ATTENTION_GEMMS, MLP_GEMMS
 from MaxText.model.layers import GemmPrecision
 from MaxText.quantization import backends, get_recipe
@@ -11,37 +12,91 @@ BF16 = GemmPrecision()
 
 @dataclasses.dataclass(frozen=True)
 class PrecisionPlan:
-  """Layer ranges [(start, stop, {gemm: GemmPrecision})] covering every decoder layer."""
+  """Layer ranges [(start, stop, {gemm: GemmPrecision})] covering every decoder layer, in order."""
   layer_ranges: tuple
 
-  def rows(self):
-    """(gemm kind, layers, recipe name, backend) for the printed plan."""
-    out = []
-    for start, stop, precision in self.layer_ranges:
-      for gemm in ATTENTION_GEMMS + MLP_GEMMS:
-        p = precision[gemm]
-        out.append((gemm, f"{start}-{stop - 1}", p.recipe.name or "bf16", backends.resolve(p.recipe, p.backend)))
-    return out
+  @property
+  def quantized(self):
+    return any(p.recipe.quantized for _, _, prec in self.layer_ranges for p in prec.values())
 
 
-def recipe_from_config(cfg):
-  """The MLP recipe with the config's TE-named knobs applied."""
+def _recipe(cfg, name):
+  """Recipe `name` with the config's TE-named NVFP4 knobs applied."""
   knobs = {}
-  if cfg.quantization.startswith("te_nvfp4"):
-    knobs = dict(disable_rht=cfg.disable_rht or cfg.quantization == "te_nvfp4_no_rht",
+  if name.startswith("te_nvfp4"):
+    knobs = dict(disable_rht=cfg.disable_rht or name == "te_nvfp4_no_rht",
                  disable_stochastic_rounding=cfg.disable_stochastic_rounding,
                  disable_2d_quantization=cfg.disable_2d_quantization)
-  return get_recipe(cfg.quantization, **knobs)
+  return get_recipe(name, **knobs)
 
 
-def plan_from_config(cfg) -> PrecisionPlan:
-  """`quantization` on the MLP GEMMs of every layer (the published recipe); attention stays BF16."""
-  mlp = GemmPrecision(recipe_from_config(cfg), cfg.quantization_backend)
-  precision = {**{g: BF16 for g in ATTENTION_GEMMS}, **{g: mlp for g in MLP_GEMMS}}
-  return PrecisionPlan(((0, cfg.base_num_decoder_layers, precision),))
+def _merge_ranges(ranges):
+  merged = []
+  for start, stop, precision in ranges:
+    if stop <= start:
+      continue
+    if merged and merged[-1][2] == precision:
+      merged[-1] = (merged[-1][0], stop, precision)
+    else:
+      merged.append((start, stop, precision))
+  return tuple(merged)
 
 
-def format_plan(plan: PrecisionPlan) -> str:
-  lines = [f"{'gemm':<6} {'layers':<8} {'recipe':<24} backend"]
-  lines += [f"{g:<6} {l:<8} {r:<24} {b}" for g, l, r, b in plan.rows()]
+def plan_from_config(cfg, high_precision=False) -> PrecisionPlan:
+  """MLP GEMMs in `quantization`; attention projections in `attention_quantization` (or the same
+  recipe with quantization_scope=all_dense); BF16 edge layers; everything BF16 if `high_precision`."""
+  mlp = GemmPrecision(_recipe(cfg, cfg.quantization), cfg.quantization_backend)
+  attn_name = cfg.quantization if cfg.quantization_scope == "all_dense" else cfg.attention_quantization
+  attn = GemmPrecision(_recipe(cfg, attn_name), cfg.quantization_backend)
+  quantized = {**{g: attn for g in ATTENTION_GEMMS}, **{g: mlp for g in MLP_GEMMS}}
+  bf16 = {g: BF16 for g in ATTENTION_GEMMS + MLP_GEMMS}
+  n, first, last = cfg.base_num_decoder_layers, cfg.quantization_bf16_first_layers, cfg.quantization_bf16_last_layers
+  if high_precision:
+    return PrecisionPlan(((0, n, bf16),))
+  return PrecisionPlan(_merge_ranges([(0, first, bf16), (first, n - last, quantized), (n - last, n, bf16)]))
+
+
+def gemm_flops(cfg):
+  """Training FLOPs per device per step of one layer's GEMM of each kind (3 x forward), from accounting."""
+  f = accounting.training_flops_per_device(cfg)
+  layers = cfg.base_num_decoder_layers
+  h, kv, dh = cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
+  proj_shares = {"q": h * dh, "k": kv * dh, "v": kv * dh, "o": h * dh}
+  per_layer_proj = f.attention_projection / layers / sum(proj_shares.values())
+  out = {g: per_layer_proj * s for g, s in proj_shares.items()}
+  mlp_shares = {"gate": 1, "up": len(cfg.mlp_activations) - 1, "down": 1}
+  out.update({g: f.mlp / layers / sum(mlp_shares.values()) * s for g, s in mlp_shares.items()})
+  return out, f
+
+
+def rows(plan, cfg):
+  """(gemm kind, layers, recipe, backend) per GEMM kind and layer range, lm head and attention core last."""
+  out = []
+  for start, stop, precision in plan.layer_ranges:
+    for gemm in ATTENTION_GEMMS + MLP_GEMMS:
+      p = precision[gemm]
+      out.append((gemm, f"{start}-{stop - 1}", p.recipe.name or "bf16", backends.resolve(p.recipe, p.backend)))
+  last = f"0-{cfg.base_num_decoder_layers - 1}"
+  out.append(("attention core (QK^T, PV)", last, "bf16", "bf16"))
+  out.append(("lm_head", "-", "bf16", "bf16"))
+  return out
+
+
+def flops_share(plan, cfg):
+  """{format label: share of training FLOPs}: each recipe's GEMMs, everything else counted as bf16."""
+  per_gemm, total = gemm_flops(cfg)
+  shares = {}
+  for start, stop, precision in plan.layer_ranges:
+    for gemm, p in precision.items():
+      label = p.recipe.name or "bf16"
+      shares[label] = shares.get(label, 0.0) + per_gemm[gemm] * (stop - start)
+  shares["bf16"] = shares.get("bf16", 0.0) + total.embedding + total.attention_core
+  return {k: v / total.total for k, v in sorted(shares.items(), key=lambda kv: -kv[1])}
+
+
+def format_plan(plan: PrecisionPlan, cfg) -> str:
+  lines = [f"{'gemm':<26} {'layers':<8} {'recipe':<24} backend"]
+  lines += [f"{g:<26} {l:<8} {r:<24} {b}" for g, l, r, b in rows(plan, cfg)]
+  share = ", ".join(f"{k} {v:.1%}" for k, v in flops_share(plan, cfg).items())
+  lines.append(f"share of training FLOPs: {share}")
   return "\n".join(lines)

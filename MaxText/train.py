@@ -118,7 +118,9 @@ def train(cfg):
   text, mem = summary(cfg, run_shape)
   plan = precision.plan_from_config(cfg)
   print(text)
-  print("precision plan:\n" + precision.format_plan(plan))
+  print("precision plan:\n" + precision.format_plan(plan, cfg))
+  if cfg.high_precision_from_step >= 0:
+    print(f"from step {cfg.high_precision_from_step}: every GEMM in bf16")
   if cfg.dry_run:
     nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(cfg.seed)))  # the model builds, abstractly
     return []
@@ -131,7 +133,16 @@ def train(cfg):
   params = jax.device_put(params, replicated)
   tx = optimizer.make_optimizer(cfg)
   opt_state = jax.device_put(tx.init(params), replicated)
-  train_step = make_train_step(graphdef, tx, plan, cfg.gradient_accumulation_steps, cfg.seed)
+  # At most two compiled steps: the plan's, and the all-BF16 one from high_precision_from_step.
+  steps_by_precision = {}
+
+  def train_step_for(step):
+    high = 0 <= cfg.high_precision_from_step <= step
+    if high not in steps_by_precision:
+      step_plan = precision.plan_from_config(cfg, high_precision=high)
+      steps_by_precision[high] = make_train_step(graphdef, tx, step_plan, cfg.gradient_accumulation_steps, cfg.seed)
+    return steps_by_precision[high]
+
   data_iter = data.make_iterator(cfg, run_shape)
   flops = accounting.training_flops_per_device(cfg)
   out_dir = run_dir(cfg)
@@ -141,7 +152,7 @@ def train(cfg):
     last = time.perf_counter()
     for step in range(cfg.steps):
       batch = jax.device_put(next(data_iter)._asdict(), batch_sharding)
-      params, opt_state, step_metrics = train_step(params, rest, opt_state, batch, jnp.int32(step))
+      params, opt_state, step_metrics = train_step_for(step)(params, rest, opt_state, batch, jnp.int32(step))
       loss = float(step_metrics["loss"])
       now = time.perf_counter()
       seconds, last = now - last, now

@@ -25,7 +25,7 @@ def resolve(recipe: Recipe, requested: str = "auto") -> str:
   if requested == "te":
     raise ValueError(f"quantization_backend=te: {recipe.name}: {reason}; use quantization_backend=auto "
                      "or emulate")
-  what = "NVFP4" if recipe.format == "nvfp4" else recipe.format.upper()
+  what = {"nvfp4": "NVFP4", "mxfp8": "MXFP8", "mxfp4": "MXFP4"}.get(recipe.format, "FP8")
   if recipe.name.startswith("te_"):
     log.warning("%s: %s; running emulated %s numerics", recipe.name, reason, what)
   return "emulated"

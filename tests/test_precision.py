@@ -1,0 +1,80 @@
+"""The precision plan: scopes, attention recipe, BF16 edge layers, the BF16 switch, reproducible SR."""
+
+import numpy as np
+import pytest
+
+from MaxText import config, precision, train
+from tests.conftest import REPO
+from tests.test_train import SMALL
+
+
+def _cfg(*extra, tmp=None):
+  out = [f"base_output_directory={tmp}", "run_name=p"] if tmp else []
+  return config.load(REPO / "configs" / "llama3_tiny.yml", SMALL + out + list(extra))
+
+
+def _recipes(plan):
+  return [(a, b, {g: p.recipe.name for g, p in prec.items()}) for a, b, prec in plan.layer_ranges]
+
+
+def test_default_scope_is_mlp_only_and_all_dense_quantizes_attention_too():
+  (a, b, r), = _recipes(precision.plan_from_config(_cfg("quantization=te_nvfp4")))
+  assert (a, b) == (0, 2)
+  assert [r[g] for g in ("q", "k", "v", "o")] == [""] * 4 and [r[g] for g in ("gate", "up", "down")] == ["te_nvfp4"] * 3
+  (_, _, r), = _recipes(precision.plan_from_config(_cfg("quantization=te_nvfp4", "quantization_scope=all_dense")))
+  assert set(r.values()) == {"te_nvfp4"}
+  (_, _, r), = _recipes(precision.plan_from_config(
+      _cfg("quantization=te_nvfp4", "attention_quantization=te_fp8_currentscaling")))
+  assert r["q"] == "te_fp8_currentscaling" and r["down"] == "te_nvfp4"
+
+
+def test_bf16_edge_layers_and_flops_share():
+  cfg = _cfg("quantization=te_nvfp4", "base_num_decoder_layers=6", "quantization_bf16_first_layers=1",
+             "quantization_bf16_last_layers=2")
+  plan = precision.plan_from_config(cfg)
+  ranges = _recipes(plan)
+  assert [(a, b) for a, b, _ in ranges] == [(0, 1), (1, 4), (4, 6)]
+  assert ranges[0][2]["gate"] == "" and ranges[1][2]["gate"] == "te_nvfp4" and ranges[2][2]["down"] == ""
+  share = precision.flops_share(plan, cfg)
+  assert abs(sum(share.values()) - 1) < 1e-12
+  per_gemm, total = precision.gemm_flops(cfg)
+  mlp_per_layer = per_gemm["gate"] + per_gemm["up"] + per_gemm["down"]
+  assert abs(share["te_nvfp4"] - 3 * mlp_per_layer / total.total) < 1e-12
+  assert all(p.recipe.name == "" for _, _, prec in precision.plan_from_config(cfg, high_precision=True).layer_ranges
+             for p in prec.values())
+  with pytest.raises(config.ConfigError, match="must be between 0"):
+    _cfg("quantization_bf16_first_layers=2", "quantization_bf16_last_layers=1")
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_edge_layers_train_with_and_without_scan(tmp_path, scan):
+  extra = ["quantization=te_nvfp4", "disable_stochastic_rounding=true", "quantization_bf16_last_layers=1",
+           "dtype=float32", "steps=3"]
+  losses = train.train(_cfg(*extra, f"scan_layers={scan}", tmp=tmp_path))
+  ref = train.train(_cfg(*extra, f"scan_layers={not scan}", tmp=tmp_path))
+  np.testing.assert_allclose(losses, ref, rtol=1e-5)
+
+
+def test_stochastic_rounding_is_reproducible_from_the_seed(tmp_path):
+  run = lambda seed_extra: train.train(_cfg("quantization=te_nvfp4", "steps=3", *seed_extra, tmp=tmp_path))
+  a, b = run([]), run([])
+  assert a == b
+  bf16 = train.train(_cfg("steps=3", tmp=tmp_path))
+  assert a[0] == pytest.approx(bf16[0], abs=0.05) and a != bf16
+
+
+def test_high_precision_switch_compiles_two_steps_only(tmp_path, monkeypatch):
+  built = []
+  real = train.make_train_step
+  monkeypatch.setattr(train, "make_train_step", lambda *a, **k: built.append(a[2]) or real(*a, **k))
+  losses = train.train(_cfg("quantization=te_nvfp4", "steps=5", "high_precision_from_step=2", tmp=tmp_path))
+  assert len(losses) == 5 and len(built) == 2
+  assert built[0].quantized and not built[1].quantized
+
+
+def test_dry_run_prints_the_plan(capsys):
+  train.train(_cfg("quantization=te_nvfp4", "dry_run=true"))
+  out = capsys.readouterr().out
+  assert "gate                       0-1      te_nvfp4                 emulated" in out
+  assert "q                          0-1      bf16                     bf16" in out
+  assert "share of training FLOPs: te_nvfp4" in out
