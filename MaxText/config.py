@@ -2,7 +2,6 @@
 
 import dataclasses
 import difflib
-import os
 import pathlib
 import typing
 
@@ -173,13 +172,12 @@ def parse_overrides(args):
   return out
 
 
-def load(config_path, overrides=(), environ=os.environ):
+def load(config_path, overrides=()):
   """The validated Config from a YAML file (with base_config inheritance) and key=value overrides."""
   values = {n: k.default for n, k in SCHEMA.items()}
   values.update(_load_yaml(pathlib.Path(config_path)))
   for name, raw in parse_overrides(overrides).items():
     values[name] = _coerce(name, raw, "command line")
-  del environ
   return Config(**values)
 
 

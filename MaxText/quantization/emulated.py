@@ -100,11 +100,3 @@ def gemm(a, b_t):
   if isinstance(a, ScaledOperand):
     return _dot_f32(dequantize_operand(a), dequantize_operand(b_t))
   return _dot_f32(a, b_t)
-
-
-def relative_error(x, q):
-  """||dequant(q) - x||_F / ||x||_F (0 for an all-zero x)."""
-  x = x.astype(jnp.float32)
-  err = jnp.linalg.norm(dequantize_operand(q) - x)
-  norm = jnp.linalg.norm(x)
-  return jnp.where(norm > 0, err / jnp.where(norm > 0, norm, 1.0), 0.0)

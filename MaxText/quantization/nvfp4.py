@@ -1,7 +1,7 @@
 """NVFP4: two-level (FP32 per-tensor, E4M3 per-16) scaled E2M1 quantization, bit-faithful to TE's NVFP4BlockScaling.
 
 Behaviour at the edges (as TE's reference quantizer):
-  * all-zero tensor: amax 0, S_enc 1, every scale and value 0.
+  * all-zero tensor: amax 0, S_enc = FLT_MAX, every scale and value 0.
   * a last axis (or, with 16x16 tiles, a first axis) not divisible by 16 is zero-padded for
     scale computation; `values` keep the input's shape, `scales` have ceil(N / 16) columns.
     The RHT needs whole 16-blocks and raises ValueError otherwise.
@@ -58,11 +58,12 @@ def hadamard16(x):
 
 
 def global_encode_scale(amax):
-  """S_enc = 6*448/amax, capped at FLT_MAX; 1.0 when that comes out 0 (amax 0 gives inf -> capped? no: 1.0)."""
+  """S_enc = 6*448/amax capped at FLT_MAX, and 1.0 where that comes out 0 (amax = inf).
+
+  amax = 0 gives FLT_MAX, as in TE's reference; the all-zero tensor then has block scales 0.
+  """
   amax = amax.astype(jnp.float32)
   s_enc = jnp.minimum(jnp.float32(E2M1_MAX * E4M3_MAX) / amax, formats.FLT_MAX)
-  # amax == 0 divides to +inf, capped to FLT_MAX by TE's code; TE then treats S_enc == 0
-  # (amax = inf) as 1.0. The all-zero tensor is handled by its block scales being 0.
   return jnp.where(s_enc == 0, 1.0, s_enc)
 
 
