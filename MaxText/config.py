@@ -199,6 +199,10 @@ def _validate(c):
   if len(c.mlp_activations) != 2 or any(a not in ("silu", "gelu", "relu", "linear") for a in c.mlp_activations):
     raise ConfigError(f"mlp_activations={c.mlp_activations} must be two of silu, gelu, relu, linear "
                       "(gate, up), e.g. [silu, linear]")
+  for name in ("quantization", "attention_quantization"):
+    if getattr(c, name) == "te_fp8_delayedscaling":
+      raise ConfigError(f"{name}=te_fp8_delayedscaling: the trainer does not carry the amax history across steps "
+                        "yet; use te_fp8_currentscaling (the library has it: MaxText.quantization.delayed)")
   edge = c.quantization_bf16_first_layers + c.quantization_bf16_last_layers
   if min(c.quantization_bf16_first_layers, c.quantization_bf16_last_layers) < 0 or edge > c.base_num_decoder_layers:
     raise ConfigError(f"quantization_bf16_first_layers + quantization_bf16_last_layers = {edge} must be between 0 "
