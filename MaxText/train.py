@@ -145,6 +145,7 @@ def train(cfg):
 
   data_iter = data.make_iterator(cfg, run_shape)
   flops = accounting.training_flops_per_device(cfg)
+  schedule = optimizer.learning_rate_schedule(cfg)
   out_dir = run_dir(cfg)
   writer = metrics.MetricsWriter(out_dir, tensorboard=cfg.enable_tensorboard, flush_period=cfg.log_period)
   losses = []
@@ -164,7 +165,7 @@ def train(cfg):
                 "Tokens/s/device": tokens_per_device / seconds,
                 "total_weights": float(step_metrics["total_weights"]),
                 "grad_norm": float(step_metrics["grad_norm"]),
-                "learning_rate": float(optimizer.learning_rate_schedule(cfg)(step))}
+                "learning_rate": float(schedule(step))}
       print(metrics.step_line(step, seconds, record["TFLOP/s/device"], record["Tokens/s/device"],
                               record["total_weights"], loss), flush=True)
       writer.write(step, record)
