@@ -64,6 +64,9 @@ SCHEMA = {
     "disable_rht": Key(bool, False, "NVFP4: no Random Hadamard Transform on the wgrad operands"),
     "disable_stochastic_rounding": Key(bool, False, "NVFP4: round gradients to nearest instead of stochastically"),
     "disable_2d_quantization": Key(bool, False, "NVFP4: 1x16 blocks for weights instead of 16x16 tiles"),
+    "quantization_stats_period": Key(int, 0, "every N steps log, per GEMM kind and operand, the relative "
+                                     "quantization error and the fractions of saturated and all-zero (underflowed) "
+                                     "blocks to metrics.jsonl/TensorBoard as quant/<gemm>/<operand>/<stat> (0 = off)"),
     # -- model
     "model_name": Key(str, "llama3", "model family label (informational)"),
     "base_emb_dim": Key(int, 2048, "model (embedding) width"),
@@ -189,6 +192,8 @@ def _validate(c):
       raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
   if c.per_device_batch_size <= 0:
     raise ConfigError(f"per_device_batch_size={c.per_device_batch_size} must be > 0")
+  if c.quantization_stats_period < 0:
+    raise ConfigError(f"quantization_stats_period={c.quantization_stats_period} must be >= 0 (0 = off)")
   if c.learning_rate < 0:
     raise ConfigError(f"learning_rate={c.learning_rate} must be >= 0")
   if not 0 <= c.warmup_steps_fraction <= 1:

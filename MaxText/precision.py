@@ -6,6 +6,7 @@ from MaxText import accounting
 from MaxText.model.decoder import ATTENTION_GEMMS, MLP_GEMMS
 from MaxText.model.layers import GemmPrecision
 from MaxText.quantization import backends, get_recipe
+from MaxText.quantization import stats as quant_stats
 
 BF16 = GemmPrecision()
 
@@ -92,6 +93,23 @@ def flops_share(plan, cfg):
       shares[label] = shares.get(label, 0.0) + per_gemm[gemm] * (stop - start)
   shares["bf16"] = shares.get("bf16", 0.0) + total.embedding + total.attention_core
   return {k: v / total.total for k, v in sorted(shares.items(), key=lambda kv: -kv[1])}
+
+
+def stats_record(plan: PrecisionPlan, stats_by_gemm) -> dict:
+  """Telemetry as flat metrics: {"quant/<gemm>/<role>/<stat>": mean over the layers where <gemm> is quantized}.
+
+  `stats_by_gemm`: {gemm: [layers, roles, stats]} from the train step.
+  """
+  record = {}
+  for gemm, values in stats_by_gemm.items():
+    layers = [i for start, stop, prec in plan.layer_ranges if prec[gemm].recipe.quantized for i in range(start, stop)]
+    if not layers:
+      continue
+    mean = values[layers].mean(axis=0)
+    for r, role in enumerate(quant_stats.ROLES):
+      for s, stat in enumerate(quant_stats.STATS):
+        record[f"quant/{gemm}/{role}/{stat}"] = float(mean[r, s])
+  return record
 
 
 def format_plan(plan: PrecisionPlan, cfg) -> str:

@@ -17,7 +17,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from MaxText import accounting, config as config_lib, data, metrics, optimizer, precision
-from MaxText.model.decoder import Transformer
+from MaxText.model.decoder import GEMMS, Transformer
+from MaxText.quantization import stats as quant_stats
 
 log = logging.getLogger("MaxText")
 
@@ -68,21 +69,29 @@ def preflight(cfg, mem, devices):
         "per_device_batch_size / max_target_length, or remat_policy=full (or set hardware_memory_gib)")
 
 
-def loss_terms(model, batch, layer_precisions, key):
+def loss_terms(model, batch, layer_precisions, key, stats_sinks=None):
   """(sum of weighted token cross-entropies, sum of weights) for one micro-batch."""
   logits = model(batch["inputs"], batch["positions"], batch["segment_ids"], layer_precisions=layer_precisions,
-                 key=key)
+                 key=key, stats_sinks=stats_sinks)
   xent = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
   return jnp.sum(xent * batch["weights"]), jnp.sum(batch["weights"])
 
 
-def make_train_step(graphdef, tx, plan, accumulation_steps, seed):
-  """The jitted step: gradient accumulation over micro-batches, clipping and AdamW (state donated)."""
+def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0):
+  """The jitted step: gradient accumulation over micro-batches, clipping and AdamW (state donated).
+
+  With `num_layers` > 0 the step also returns quantization telemetry ("quant_stats": {gemm:
+  [layers, roles, stats]}, averaged over micro-batches) through zero sinks' gradients.
+  """
+  sinks = {g: jnp.zeros((num_layers, len(quant_stats.ROLES), len(quant_stats.STATS))) for g in GEMMS}
 
   def micro_grads(params, rest, micro_batch, key):
-    def loss_sum(p):
-      return loss_terms(nnx.merge(graphdef, p, rest), micro_batch, plan.layer_ranges, key)
-    (xent_sum, weight_sum), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
+    def loss_sum(p, s):
+      return loss_terms(nnx.merge(graphdef, p, rest), micro_batch, plan.layer_ranges, key, s)
+    if not num_layers:
+      (xent_sum, weight_sum), grads = jax.value_and_grad(loss_sum, has_aux=True)(params, None)
+      return xent_sum, weight_sum, (grads, {})
+    (xent_sum, weight_sum), grads = jax.value_and_grad(loss_sum, argnums=(0, 1), has_aux=True)(params, sinks)
     return xent_sum, weight_sum, grads
 
   def step_fn(params, rest, opt_state, batch, step):
@@ -95,13 +104,17 @@ def make_train_step(graphdef, tx, plan, accumulation_steps, seed):
       acc_xent, acc_weight, acc_grads = carry
       return (acc_xent + xent, acc_weight + weight, jax.tree.map(jnp.add, acc_grads, grads)), None
 
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    (xent, weights, grads), _ = jax.lax.scan(accumulate, (0.0, 0.0, zeros), (micro, jnp.arange(accumulation_steps)))
+    zeros = jax.tree.map(jnp.zeros_like, (params, sinks if num_layers else {}))
+    (xent, weights, (grads, stats)), _ = jax.lax.scan(accumulate, (0.0, 0.0, zeros),
+                                                      (micro, jnp.arange(accumulation_steps)))
     grads = jax.tree.map(lambda g: g / jnp.maximum(weights, 1.0), grads)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    return params, opt_state, {"loss": xent / jnp.maximum(weights, 1.0), "total_weights": weights,
-                               "grad_norm": optax.tree.norm(grads)}
+    step_metrics = {"loss": xent / jnp.maximum(weights, 1.0), "total_weights": weights,
+                    "grad_norm": optax.tree.norm(grads)}
+    if num_layers:
+      step_metrics["quant_stats"] = jax.tree.map(lambda s: s / accumulation_steps, stats)
+    return params, opt_state, step_metrics
 
   return jax.jit(step_fn, donate_argnums=(0, 2))
 
@@ -133,15 +146,19 @@ def train(cfg):
   params = jax.device_put(params, replicated)
   tx = optimizer.make_optimizer(cfg)
   opt_state = jax.device_put(tx.init(params), replicated)
-  # At most two compiled steps: the plan's, and the all-BF16 one from high_precision_from_step.
-  steps_by_precision = {}
+  # A few compiled steps, never one per step: the plan's, the all-BF16 one from
+  # high_precision_from_step, and each of those with telemetry every quantization_stats_period.
+  compiled_steps = {}
 
   def train_step_for(step):
     high = 0 <= cfg.high_precision_from_step <= step
-    if high not in steps_by_precision:
-      step_plan = precision.plan_from_config(cfg, high_precision=high)
-      steps_by_precision[high] = make_train_step(graphdef, tx, step_plan, cfg.gradient_accumulation_steps, cfg.seed)
-    return steps_by_precision[high]
+    step_plan = precision.plan_from_config(cfg, high_precision=high)
+    stats = step_plan.quantized and cfg.quantization_stats_period > 0 and step % cfg.quantization_stats_period == 0
+    if (high, stats) not in compiled_steps:
+      compiled_steps[high, stats] = (step_plan, make_train_step(
+          graphdef, tx, step_plan, cfg.gradient_accumulation_steps, cfg.seed,
+          num_layers=cfg.base_num_decoder_layers if stats else 0))
+    return compiled_steps[high, stats]
 
   data_iter = data.make_iterator(cfg, run_shape)
   flops = accounting.training_flops_per_device(cfg)
@@ -153,7 +170,8 @@ def train(cfg):
     last = time.perf_counter()
     for step in range(cfg.steps):
       batch = jax.device_put(next(data_iter)._asdict(), batch_sharding)
-      params, opt_state, step_metrics = train_step_for(step)(params, rest, opt_state, batch, jnp.int32(step))
+      step_plan, step_fn = train_step_for(step)
+      params, opt_state, step_metrics = step_fn(params, rest, opt_state, batch, jnp.int32(step))
       loss = float(step_metrics["loss"])
       now = time.perf_counter()
       seconds, last = now - last, now
@@ -166,6 +184,8 @@ def train(cfg):
                 "total_weights": float(step_metrics["total_weights"]),
                 "grad_norm": float(step_metrics["grad_norm"]),
                 "learning_rate": float(schedule(step))}
+      if "quant_stats" in step_metrics:
+        record.update(precision.stats_record(step_plan, jax.device_get(step_metrics["quant_stats"])))
       print(metrics.step_line(step, seconds, record["TFLOP/s/device"], record["Tokens/s/device"],
                               record["total_weights"], loss), flush=True)
       writer.write(step, record)

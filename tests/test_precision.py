@@ -78,3 +78,18 @@ def test_dry_run_prints_the_plan(capsys):
   assert "gate                       0-1      te_nvfp4                 emulated" in out
   assert "q                          0-1      bf16                     bf16" in out
   assert "share of training FLOPs: te_nvfp4" in out
+
+
+def test_telemetry_is_logged_for_quantized_gemms_and_does_not_change_training(tmp_path):
+  import json
+  run = lambda period: train.train(_cfg("quantization=te_nvfp4", "steps=3", f"quantization_stats_period={period}",
+                                        "gradient_accumulation_steps=2", tmp=tmp_path / str(period)))
+  assert run(2) == run(0)
+  records = [json.loads(l) for l in (tmp_path / "2" / "p" / "metrics.jsonl").read_text().splitlines()]
+  assert [any(k.startswith("quant/") for k in r) for r in records] == [True, False, True]
+  keys = {k for k in records[0] if k.startswith("quant/")}
+  assert keys == {f"quant/{g}/{r}/{s}" for g in ("gate", "up", "down")
+                  for r in ("x", "w", "dy", "w_t", "x_t", "dy_t") for s in ("rel_err", "saturated", "underflow")}
+  assert all(0.03 < records[0][f"quant/{g}/x/rel_err"] < 0.2 for g in ("gate", "up", "down"))
+  with pytest.raises(config.ConfigError, match="quantization_stats_period=-1 must be >= 0"):
+    _cfg("quantization_stats_period=-1")

@@ -74,16 +74,17 @@ class Attention(nnx.Module):
                  cfg.rope_high_freq_factor, cfg.rope_original_max_position)
     self.kernel = ATTENTION_KERNELS[cfg.attention]
 
-  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, precision, key):
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, precision, key, stats_sinks=None):
     b, l, _ = x_BxLxD.shape
     keys = jax.random.split(key, 4) if key is not None else [None] * 4
+    sinks = stats_sinks or {}
     inv_freq = rope_frequencies(*self.rope)
-    q = self.query(x_BxLxD, precision["q"], keys[0]).reshape(b, l, self.heads, self.head_dim)
-    k = self.key(x_BxLxD, precision["k"], keys[1]).reshape(b, l, self.kv_heads, self.head_dim)
-    v = self.value(x_BxLxD, precision["v"], keys[2]).reshape(b, l, self.kv_heads, self.head_dim)
+    q = self.query(x_BxLxD, precision["q"], keys[0], sinks.get("q")).reshape(b, l, self.heads, self.head_dim)
+    k = self.key(x_BxLxD, precision["k"], keys[1], sinks.get("k")).reshape(b, l, self.kv_heads, self.head_dim)
+    v = self.value(x_BxLxD, precision["v"], keys[2], sinks.get("v")).reshape(b, l, self.kv_heads, self.head_dim)
     q, k = apply_rope(q, positions_BxL, inv_freq), apply_rope(k, positions_BxL, inv_freq)
     ctx = self.kernel(q, k, v, segment_ids_BxL).reshape(b, l, self.heads * self.head_dim)
-    return self.out(ctx, precision["o"], keys[3])
+    return self.out(ctx, precision["o"], keys[3], sinks.get("o"))
 
 
 __all__ = ["Attention", "GemmPrecision", "apply_rope", "dot_product_attention", "rope_frequencies"]

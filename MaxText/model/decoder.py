@@ -34,11 +34,11 @@ class DecoderLayer(nnx.Module):
     self.pre_mlp_norm = RMSNorm(cfg.base_emb_dim, **norm)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, precision, key):
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, precision, key, stats_sinks=None):
     k_attn, k_mlp = jax.random.split(key) if key is not None else (None, None)
     x = x_BxLxD + self.attention(self.pre_attention_norm(x_BxLxD), positions_BxL, segment_ids_BxL,
-                                 precision, k_attn)
-    return x + self.mlp(self.pre_mlp_norm(x), precision, k_mlp)
+                                 precision, k_attn, stats_sinks)
+    return x + self.mlp(self.pre_mlp_norm(x), precision, k_mlp, stats_sinks)
 
 
 class Transformer(nnx.Module):
@@ -47,7 +47,8 @@ class Transformer(nnx.Module):
   Layers are created stacked (one parameter array per kind with a leading layer axis) whether
   or not they are scanned, so checkpoints don't depend on scan_layers. `layer_precisions` is a
   list of (start, stop, precision-map) ranges that together cover the layers: each range runs
-  as one lax.scan (scan_layers) or a Python loop.
+  as one lax.scan (scan_layers) or a Python loop. `stats_sinks` ({gemm: [layers, roles, stats]}
+  zeros, see quantization.stats) asks every quantized GEMM for telemetry via the sinks' gradient.
   """
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
@@ -69,15 +70,16 @@ class Transformer(nnx.Module):
     self.remat_policy = cfg.remat_policy
     self.dtype = dtype
 
-  def _run_layers(self, x, positions, segment_ids, layer_precisions, key):
-    graphdef, stacked = nnx.split(self.layers)
+  def _run_layers(self, x, positions, segment_ids, layer_precisions, key, stats_sinks):
+    graphdef, layer_params = nnx.split(self.layers)
+    stacked = (layer_params, stats_sinks)
 
     def block(precision):
       def body(x, layer_state_and_index):
-        layer_state, index = layer_state_and_index
+        (layer_state, sinks), index = layer_state_and_index
         layer = nnx.merge(graphdef, layer_state)
         layer_key = jax.random.fold_in(key, index) if key is not None else None
-        return layer(x, positions, segment_ids, precision, layer_key), None
+        return layer(x, positions, segment_ids, precision, layer_key, sinks), None
       if self.remat_policy != "none":
         body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan_layers)
       return body
@@ -92,7 +94,8 @@ class Transformer(nnx.Module):
           x, _ = body(x, (jax.tree.map(lambda a, i=i: a[i], stacked), jnp.int32(i)))
     return x
 
-  def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, layer_precisions=None, key=None):
+  def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, layer_precisions=None, key=None,
+               stats_sinks=None):
     b, l = tokens_BxL.shape
     if positions_BxL is None:
       positions_BxL = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
@@ -101,6 +104,6 @@ class Transformer(nnx.Module):
     if layer_precisions is None:
       layer_precisions = [(0, self.num_layers, uniform_precision())]
     x = self.embed(tokens_BxL)
-    x = self._run_layers(x, positions_BxL, segment_ids_BxL, layer_precisions, key)
+    x = self._run_layers(x, positions_BxL, segment_ids_BxL, layer_precisions, key, stats_sinks)
     x = self.final_norm(x)
     return jnp.dot(x, self.lm_head[...].astype(self.dtype), preferred_element_type=jnp.float32)

@@ -24,9 +24,10 @@ def dense_init():
 class Dense(nnx.Module):
   """y = x . kernel with kernel [in, out] in weight_dtype; every call goes through one dot_general hook.
 
-  The hook is `dot_general(x, kernel, precision, key)`: the quantized matmul of the recipe
-  that the caller passes per call, so one (possibly scanned) layer can run under different
-  recipes per GEMM kind and per layer.
+  The hook is `dot_general(x, kernel, precision, key, stats_sink)`: the quantized matmul of the
+  recipe that the caller passes per call, so one (possibly scanned) layer can run under different
+  recipes per GEMM kind and per layer. A `stats_sink` (quantization.stats.empty_sink()) asks for
+  quantization telemetry, returned as the sink's gradient.
   """
 
   def __init__(self, in_features, out_features, *, dtype, weight_dtype, rngs: nnx.Rngs):
@@ -34,14 +35,14 @@ class Dense(nnx.Module):
     self.dtype = dtype
 
   @staticmethod
-  def dot_general(x, kernel, precision: GemmPrecision, key):
-    return qdense(x, kernel, precision.recipe, key=key, backend=precision.backend)
+  def dot_general(x, kernel, precision: GemmPrecision, key, stats_sink=None):
+    return qdense(x, kernel, precision.recipe, key=key, backend=precision.backend, stats_sink=stats_sink)
 
-  def __call__(self, x, precision: GemmPrecision = GemmPrecision(), key=None):
+  def __call__(self, x, precision: GemmPrecision = GemmPrecision(), key=None, stats_sink=None):
     kernel = self.kernel[...]
     if not precision.recipe.quantized:
-      kernel = kernel.astype(self.dtype)  # BF16 GEMM; quantizers read the f32 master weight
-    return self.dot_general(x.astype(self.dtype), kernel, precision, key)
+      kernel, stats_sink = kernel.astype(self.dtype), None  # BF16 GEMM; quantizers read the f32 master weight
+    return self.dot_general(x.astype(self.dtype), kernel, precision, key, stats_sink)
 
 
 class RMSNorm(nnx.Module):

@@ -20,8 +20,9 @@ class MLP(nnx.Module):
     self.down = Dense(f, d, **kw)
     self.activations = tuple(cfg.mlp_activations)
 
-  def __call__(self, x_BxLxD, precision, key):
+  def __call__(self, x_BxLxD, precision, key, stats_sinks=None):
     keys = jax.random.split(key, 3) if key is not None else [None] * 3
-    gate = ACTIVATIONS[self.activations[0]](self.gate(x_BxLxD, precision["gate"], keys[0]))
-    up = ACTIVATIONS[self.activations[1]](self.up(x_BxLxD, precision["up"], keys[1]))
-    return self.down(gate * up, precision["down"], keys[2])
+    sinks = stats_sinks or {}
+    gate = ACTIVATIONS[self.activations[0]](self.gate(x_BxLxD, precision["gate"], keys[0], sinks.get("gate")))
+    up = ACTIVATIONS[self.activations[1]](self.up(x_BxLxD, precision["up"], keys[1], sinks.get("up")))
+    return self.down(gate * up, precision["down"], keys[2], sinks.get("down"))

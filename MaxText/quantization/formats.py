@@ -1,6 +1,7 @@
 """Exact round-to-nearest-even and stochastic rounding onto the low-precision grids (E2M1, E4M3, E5M2, E8M0)."""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,12 @@ def _quantum(abs_x, grid: FloatGrid):
   _, exp = jnp.frexp(abs_x)  # abs_x = m * 2**exp with m in [0.5, 1)
   exponent = jnp.maximum(exp - 1, grid.min_exponent)
   return jnp.ldexp(jnp.ones_like(abs_x), exponent - grid.mantissa_bits)
+
+
+def saturation_threshold(grid: FloatGrid):
+  """Magnitudes above max + half the top spacing are clipped, not merely rounded, when saturating."""
+  _, exp = math.frexp(grid.max_value)  # the top binade's spacing, as _quantum computes it (in Python: static)
+  return grid.max_value + 0.5 * 2.0 ** (max(exp - 1, grid.min_exponent) - grid.mantissa_bits)
 
 
 def round_to_grid(x, grid: FloatGrid):
