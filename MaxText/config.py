@@ -89,7 +89,35 @@ SCHEMA = {
     "attention": Key(str, "dot_product", "attention kernel: XLA dot_product, or cuDNN flash on GPU",
                      ("dot_product", "cudnn_flash")),
     # -- data
-    "dataset_type": Key(str, "synthetic", "input pipeline", ("synthetic",)),
+    "dataset_type": Key(str, "synthetic", "input pipeline: synthetic (a seeded Markov chain), grain (ArrayRecord "
+                        "files) or tfds (a TFDS dataset directory read through its ArrayRecord data source)",
+                        ("synthetic", "grain", "tfds")),
+    "grain_train_files": Key(str, "", "grain: glob of the training ArrayRecord shards"),
+    "grain_eval_files": Key(str, "", "grain: glob of the eval ArrayRecord shards ('' = no eval data)"),
+    "grain_record_format": Key(str, "text", "grain/tfds: records are UTF-8 text (tokenized on the fly) or "
+                               "token_ids (int32 little-endian)", ("text", "token_ids")),
+    "grain_worker_count": Key(int, 0, "grain: worker processes (0 = read in the training process)"),
+    "grain_max_pieces_per_document": Key(int, 4096, "grain: a document longer than this many sequences is an error"),
+    "dataset_path": Key(str, "", "tfds: the data_dir holding <dataset_name>/<version>/"),
+    "dataset_name": Key(str, "", "tfds: dataset name"),
+    "train_split": Key(str, "train", "tfds: training split"),
+    "eval_split": Key(str, "", "tfds: eval split ('' = no eval data)"),
+    "tokenizer_type": Key(str, "byte", "byte (UTF-8 bytes, no file), huggingface (tokenizer.json), tiktoken "
+                          "(a Llama 3 tokenizer.model) or sentencepiece", ("byte", "huggingface", "tiktoken",
+                                                                          "sentencepiece")),
+    "tokenizer_path": Key(str, "", "the tokenizer file (not needed for byte)"),
+    "eval_interval": Key(int, 0, "evaluate every this many steps and at the end (0 = never)"),
+    "eval_steps": Key(int, 10, "batches per evaluation (fewer if the eval split runs out)"),
+    # -- checkpoints
+    "enable_checkpointing": Key(bool, False, "save Orbax checkpoints under base_output_directory/run_name/"
+                                "checkpoints and resume from the latest one when rerun"),
+    "async_checkpointing": Key(bool, True, "write checkpoints in the background while training goes on"),
+    "checkpoint_period": Key(int, 100, "save every this many steps (and when training ends or is preempted)"),
+    "max_num_checkpoints_to_keep": Key(int, 3, "keep the newest this many checkpoints (0 = all)"),
+    "load_parameters_path": Key(str, "", "start from the parameters of this checkpoint item directory "
+                                "(fresh optimizer, step 0)"),
+    "load_full_state_path": Key(str, "", "start from this checkpoint step directory: parameters, optimizer "
+                                "state, step and data position"),
 }
 
 
@@ -192,6 +220,21 @@ def _validate(c):
       raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
   if c.per_device_batch_size <= 0:
     raise ConfigError(f"per_device_batch_size={c.per_device_batch_size} must be > 0")
+  for name in ("eval_interval", "grain_worker_count"):
+    if getattr(c, name) < 0:
+      raise ConfigError(f"{name}={getattr(c, name)} must be >= 0")
+  for name in ("eval_steps", "checkpoint_period", "grain_max_pieces_per_document"):
+    if getattr(c, name) <= 0:
+      raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
+  if c.max_num_checkpoints_to_keep < 0:
+    raise ConfigError(f"max_num_checkpoints_to_keep={c.max_num_checkpoints_to_keep} must be >= 0 (0 = keep all)")
+  if c.load_parameters_path and c.load_full_state_path:
+    raise ConfigError("set load_parameters_path or load_full_state_path, not both")
+  if c.dataset_type == "grain" and not c.grain_train_files:
+    raise ConfigError("dataset_type=grain needs grain_train_files (a glob of ArrayRecord shards); "
+                      "python scripts/prepare_data.py --corpus shakespeare writes some")
+  if c.dataset_type == "tfds" and not (c.dataset_path and c.dataset_name):
+    raise ConfigError("dataset_type=tfds needs dataset_path and dataset_name")
   if c.quantization_stats_period < 0:
     raise ConfigError(f"quantization_stats_period={c.quantization_stats_period} must be >= 0 (0 = off)")
   if c.learning_rate < 0:

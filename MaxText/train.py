@@ -6,7 +6,10 @@
 import datetime
 import logging
 import os
+import pathlib
+import signal
 import sys
+import threading
 import time
 
 import jax
@@ -16,7 +19,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from MaxText import accounting, config as config_lib, data, metrics, optimizer, precision
+from MaxText import accounting, checkpointing, config as config_lib, data, metrics, optimizer, precision
 from MaxText.model.decoder import GEMMS, Transformer
 from MaxText.quantization import stats as quant_stats
 
@@ -124,8 +127,68 @@ def run_dir(cfg):
   return os.path.join(cfg.base_output_directory, name)
 
 
+class _Preemption:
+  """SIGTERM (Slurm preemption, scancel) asks the loop to checkpoint and stop after the current step."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def make_eval_step(graphdef, plan):
+  """Jitted (sum of token losses, sum of weights) of one batch under the plan's forward numerics."""
+  def eval_fn(params, rest, batch):
+    return loss_terms(nnx.merge(graphdef, params, rest), batch, plan.layer_ranges, jax.random.key(0))
+  return jax.jit(eval_fn)
+
+
+def evaluate(cfg, run_shape, eval_step, params, rest, batch_sharding):
+  """Mean eval loss over up to eval_steps batches of a fresh pass over the eval split (None: no eval data)."""
+  eval_iter = data.make_eval_iterator(cfg, run_shape)
+  if eval_iter is None:
+    return None
+  xent, weights = 0.0, 0.0
+  for _, batch in zip(range(cfg.eval_steps), eval_iter):
+    x, w = eval_step(params, rest, jax.device_put(batch._asdict(), batch_sharding))
+    xent, weights = xent + float(x), weights + float(w)
+  return xent / max(weights, 1.0), weights
+
+
+def _initial_state(cfg, checkpointer, state):
+  """(first step, state, data iterator state): resume from the run's own checkpoints, else a load_* path."""
+  if checkpointer is not None:
+    restored = checkpointer.restore_latest(state)
+    if restored is not None:
+      step, state, data_state = restored
+      print(f"resuming from checkpoint {checkpointer.directory}/{step}", flush=True)
+      return step, state, data_state
+  if cfg.load_full_state_path:
+    loaded, data_state = checkpointing.restore_step_dir(cfg.load_full_state_path, state)
+    step = int(pathlib.Path(cfg.load_full_state_path).name) if pathlib.Path(cfg.load_full_state_path).name.isdigit() else 0
+    print(f"loaded the full state from {cfg.load_full_state_path} (step {step})", flush=True)
+    return step, loaded, data_state
+  if cfg.load_parameters_path:
+    loaded, _ = checkpointing.restore_step_dir(cfg.load_parameters_path, state)
+    print(f"loaded parameters from {cfg.load_parameters_path}; fresh optimizer state, step 0", flush=True)
+    return 0, {"params": loaded["params"], "opt_state": state["opt_state"]}, {}
+  return 0, state, {}
+
+
 def train(cfg):
-  """Train per `cfg`; returns the list of per-step losses."""
+  """Train per `cfg`; returns the per-step losses of the steps this invocation ran."""
   devices = jax.devices()
   run_shape = config_lib.RunShape.of(cfg, len(devices))
   text, mem = summary(cfg, run_shape)
@@ -141,11 +204,22 @@ def train(cfg):
 
   mesh = Mesh(np.array(devices), ("data",))
   replicated, batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+  data_iter = data.make_iterator(cfg, run_shape)  # before the model: bad data fails fast
   model = Transformer(cfg, rngs=nnx.Rngs(cfg.seed))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  params = jax.device_put(params, replicated)
   tx = optimizer.make_optimizer(cfg)
-  opt_state = jax.device_put(tx.init(params), replicated)
+  state = {"params": params, "opt_state": tx.init(params)}
+  out_dir = run_dir(cfg)
+  checkpointer = None
+  if cfg.enable_checkpointing:
+    checkpointer = checkpointing.Checkpointer(os.path.join(out_dir, "checkpoints"), period=cfg.checkpoint_period,
+                                              max_to_keep=cfg.max_num_checkpoints_to_keep,
+                                              async_save=cfg.async_checkpointing)
+  start_step, state, data_state = _initial_state(cfg, checkpointer, state)
+  if data_state:
+    data_iter.set_state(data_state)
+  params, opt_state = jax.device_put((state["params"], state["opt_state"]), replicated)
+
   # A few compiled steps, never one per step: the plan's, the all-BF16 one from
   # high_precision_from_step, and each of those with telemetry every quantization_stats_period.
   compiled_steps = {}
@@ -160,38 +234,63 @@ def train(cfg):
           num_layers=cfg.base_num_decoder_layers if stats else 0))
     return compiled_steps[high, stats]
 
-  data_iter = data.make_iterator(cfg, run_shape)
+  eval_step = make_eval_step(graphdef, plan) if cfg.eval_interval else None
   flops = accounting.training_flops_per_device(cfg)
   schedule = optimizer.learning_rate_schedule(cfg)
-  out_dir = run_dir(cfg)
   writer = metrics.MetricsWriter(out_dir, tensorboard=cfg.enable_tensorboard, flush_period=cfg.log_period)
   losses = []
+  step = start_step
+
+  def save(force=False):
+    if checkpointer is not None:
+      checkpointer.save(step, {"params": params, "opt_state": opt_state}, data_iter.get_state(), force=force)
+
   try:
-    last = time.perf_counter()
-    for step in range(cfg.steps):
-      batch = jax.device_put(next(data_iter)._asdict(), batch_sharding)
-      step_plan, step_fn = train_step_for(step)
-      params, opt_state, step_metrics = step_fn(params, rest, opt_state, batch, jnp.int32(step))
-      loss = float(step_metrics["loss"])
-      now = time.perf_counter()
-      seconds, last = now - last, now
-      if not np.isfinite(loss):
-        raise UserError(f"loss is {loss} at step {step}; lower learning_rate or check the data "
-                        f"(metrics so far in {out_dir})")
-      tokens_per_device = run_shape.tokens_per_step / run_shape.num_devices
-      record = {"loss": loss, "seconds": seconds, "TFLOP/s/device": flops.tflops / seconds,
-                "Tokens/s/device": tokens_per_device / seconds,
-                "total_weights": float(step_metrics["total_weights"]),
-                "grad_norm": float(step_metrics["grad_norm"]),
-                "learning_rate": float(schedule(step))}
-      if "quant_stats" in step_metrics:
-        record.update(precision.stats_record(step_plan, jax.device_get(step_metrics["quant_stats"])))
-      print(metrics.step_line(step, seconds, record["TFLOP/s/device"], record["Tokens/s/device"],
-                              record["total_weights"], loss), flush=True)
-      writer.write(step, record)
-      losses.append(loss)
+    with _Preemption() as preemption:
+      last = time.perf_counter()
+      while step < cfg.steps:
+        batch = jax.device_put(next(data_iter)._asdict(), batch_sharding)
+        step_plan, step_fn = train_step_for(step)
+        new_params, new_opt_state, step_metrics = step_fn(params, rest, opt_state, batch, jnp.int32(step))
+        loss = float(step_metrics["loss"])
+        now = time.perf_counter()
+        seconds, last = now - last, now
+        if not np.isfinite(loss):
+          kept = f"; the last good checkpoint is {checkpointer.steps()[-1]}" if checkpointer and checkpointer.steps() else ""
+          raise UserError(f"loss is {loss} at step {step}; lower learning_rate or check the data "
+                          f"(metrics so far in {out_dir}{kept})")
+        params, opt_state = new_params, new_opt_state
+        tokens_per_device = run_shape.tokens_per_step / run_shape.num_devices
+        record = {"loss": loss, "seconds": seconds, "TFLOP/s/device": flops.tflops / seconds,
+                  "Tokens/s/device": tokens_per_device / seconds,
+                  "total_weights": float(step_metrics["total_weights"]),
+                  "grad_norm": float(step_metrics["grad_norm"]),
+                  "learning_rate": float(schedule(step))}
+        if "quant_stats" in step_metrics:
+          record.update(precision.stats_record(step_plan, jax.device_get(step_metrics["quant_stats"])))
+        print(metrics.step_line(step, seconds, record["TFLOP/s/device"], record["Tokens/s/device"],
+                                record["total_weights"], loss), flush=True)
+        step += 1
+        if eval_step is not None and (step % cfg.eval_interval == 0 or step == cfg.steps):
+          result = evaluate(cfg, run_shape, eval_step, params, rest, batch_sharding)
+          if result is not None:
+            record["eval_loss"], record["eval_weights"] = result
+            print(f"eval after step {step - 1}: loss: {result[0]:.3f}, perplexity: {np.exp(result[0]):.2f}, "
+                  f"tokens: {int(result[1])}", flush=True)
+          last = time.perf_counter()
+        writer.write(step - 1, record)
+        losses.append(loss)
+        save(force=step == cfg.steps)
+        if preemption.requested:
+          save(force=True)
+          print(f"SIGTERM: stopped after step {step - 1}" + (
+              f", checkpoint {checkpointer.directory}/{step}" if checkpointer else
+              " (enable_checkpointing=false: nothing saved)"), flush=True)
+          break
   finally:
     writer.close()
+    if checkpointer is not None:
+      checkpointer.close()
   return losses
 
 
@@ -204,7 +303,8 @@ def main(argv=None):
   try:
     cfg = config_lib.load(argv[0], argv[1:])
     train(cfg)
-  except (config_lib.ConfigError, UserError) as e:
+  except (config_lib.ConfigError, UserError, data.DataError, data.TokenizerError,
+          checkpointing.CheckpointError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   return 0

@@ -25,3 +25,10 @@ def golden_params(kind):
   if not cases:
     return [pytest.param(None, marks=pytest.mark.skip(reason=f"no golden data under {GOLDEN}"))]
   return [pytest.param(c, id=c[0]) for c in cases]
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+  """A small prepared text corpus: ArrayRecord text shards for the byte tokenizer, plus a TFDS copy 'plays'."""
+  from tests.data.corpus import make_corpus  # pylint: disable=import-outside-toplevel
+  return make_corpus(tmp_path_factory.mktemp("corpus"), "--tfds", "plays")

@@ -13,7 +13,7 @@ from tests.conftest import REPO
 
 SMALL = ["base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=16", "base_mlp_dim=128",
          "base_num_decoder_layers=2", "vocab_size=128", "max_target_length=32", "per_device_batch_size=8",
-         "learning_rate=3e-3", "enable_tensorboard=false"]
+         "learning_rate=3e-3", "enable_tensorboard=false", "dataset_type=synthetic", "eval_interval=0"]
 STEP_LINE = re.compile(r"^completed step: (\d+), seconds: [\d.]+, TFLOP/s/device: [\d.]+, "
                        r"Tokens/s/device: [\d.]+, total_weights: (\d+), loss: ([\d.]+)$")
 

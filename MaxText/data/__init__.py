@@ -1,14 +1,32 @@
 """Input pipelines behind one interface: an iterator of Batch, chosen by dataset_type."""
 
 from MaxText.data.batch import Batch, DataIterator
+from MaxText.data import grain_pipeline
+from MaxText.data.grain_pipeline import DataError
 from MaxText.data.synthetic import SyntheticIterator
+from MaxText.data.tokenizers import TokenizerError
 
 
-def make_iterator(cfg, run_shape, process_index=0) -> DataIterator:
-  """The training iterator for `cfg.dataset_type`."""
+def make_iterator(cfg, run_shape, process_index=0, process_count=1) -> DataIterator:
+  """The training iterator for `cfg.dataset_type`: this process's rows of each global batch."""
   if cfg.dataset_type == "synthetic":
     return SyntheticIterator(cfg, run_shape.global_batch_size, seed=cfg.seed, process_index=process_index)
-  raise ValueError(f"dataset_type={cfg.dataset_type!r} is not supported")
+  return grain_pipeline.GrainIterator(cfg, grain_pipeline.train_source(cfg),
+                                      run_shape.global_batch_size // process_count,
+                                      process_index=process_index, process_count=process_count)
 
 
-__all__ = ["Batch", "DataIterator", "SyntheticIterator", "make_iterator"]
+def make_eval_iterator(cfg, run_shape, process_index=0, process_count=1):
+  """A fresh pass over the eval split (None when there is none); synthetic data evaluates on held-out seeds."""
+  if cfg.dataset_type == "synthetic":
+    return SyntheticIterator(cfg, run_shape.global_batch_size, seed=cfg.seed + 1_000_003,
+                             process_index=process_index)
+  source = grain_pipeline.eval_source(cfg)
+  if source is None:
+    return None
+  return grain_pipeline.GrainIterator(cfg, source, run_shape.global_batch_size // process_count, train=False,
+                                      process_index=process_index, process_count=process_count)
+
+
+__all__ = ["Batch", "DataError", "DataIterator", "SyntheticIterator", "TokenizerError", "make_eval_iterator",
+           "make_iterator"]

@@ -1,0 +1,139 @@
+"""Tokenizers behind one interface: byte, Hugging Face tokenizer.json, tiktoken (Llama 3) and SentencePiece."""
+
+import base64
+import pathlib
+
+# Llama 3's pre-tokenizer split (from Meta's reference tokenizer.py).
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_NUM_RESERVED_SPECIAL = 256
+# Special tokens a trained tokenizer may use for document boundaries, most specific first.
+BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "[BOS]")
+EOS_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "[EOS]")
+
+
+class TokenizerError(ValueError):
+  """A tokenizer that can't be loaded or doesn't fit the model: a user error."""
+
+
+def llama3_special_tokens():
+  """Llama 3's 256 special tokens in id order (they follow the BPE ranks)."""
+  names = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
+           "<|reserved_special_token_2|>", "<|reserved_special_token_3|>", "<|start_header_id|>",
+           "<|end_header_id|>", "<|reserved_special_token_4|>", "<|eot_id|>"]
+  names += [f"<|reserved_special_token_{i}|>" for i in range(5, LLAMA3_NUM_RESERVED_SPECIAL - 5)]
+  return names
+
+
+class Tokenizer:
+  """text -> ids. `bos_id` / `eos_id` are None when the vocabulary has no such token."""
+  vocab_size: int
+  bos_id: int | None = None
+  eos_id: int | None = None
+
+  def encode(self, text: str) -> list:
+    raise NotImplementedError
+
+  def decode(self, ids) -> str:
+    raise NotImplementedError
+
+
+class ByteTokenizer(Tokenizer):
+  """UTF-8 bytes 0..255, then BOS 256 and EOS 257: needs no file."""
+  vocab_size, bos_id, eos_id = 258, 256, 257
+
+  def encode(self, text):
+    return list(text.encode("utf-8"))
+
+  def decode(self, ids):
+    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class HuggingFaceTokenizer(Tokenizer):
+  """A `tokenizers` tokenizer.json (what scripts/prepare_data.py trains)."""
+
+  def __init__(self, path):
+    import tokenizers  # pylint: disable=import-outside-toplevel
+    self._tok = tokenizers.Tokenizer.from_file(str(path))
+    self.vocab_size = self._tok.get_vocab_size()
+    vocab = self._tok.get_vocab()
+    self.bos_id = next((vocab[n] for n in BOS_NAMES if n in vocab), None)
+    self.eos_id = next((vocab[n] for n in EOS_NAMES if n in vocab), None)
+
+  def encode(self, text):
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids):
+    return self._tok.decode(list(ids))
+
+
+class TiktokenTokenizer(Tokenizer):
+  """A Llama 3 `tokenizer.model`: lines of "<base64 token> <rank>", Llama 3's split regex, 256 specials."""
+
+  def __init__(self, path):
+    import tiktoken  # pylint: disable=import-outside-toplevel
+    ranks = {}
+    for n, line in enumerate(pathlib.Path(path).read_text(encoding="ascii").splitlines(), 1):
+      if not line.strip():
+        continue
+      try:
+        token, rank = line.split()
+        ranks[base64.b64decode(token, validate=True)] = int(rank)
+      except ValueError as e:
+        raise TokenizerError(f"{path}:{n}: not a tiktoken BPE file (expected '<base64 token> <rank>' per line)") from e
+    specials = {name: len(ranks) + i for i, name in enumerate(llama3_special_tokens())}
+    self._enc = tiktoken.Encoding(name=pathlib.Path(path).name, pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks,
+                                  special_tokens=specials)
+    self.vocab_size = len(ranks) + len(specials)
+    self.bos_id, self.eos_id = specials["<|begin_of_text|>"], specials["<|end_of_text|>"]
+
+  def encode(self, text):
+    return self._enc.encode(text, disallowed_special=())  # special-token text in data is plain text
+
+  def decode(self, ids):
+    return self._enc.decode(list(ids))
+
+
+class SentencePieceTokenizer(Tokenizer):
+  """A SentencePiece .model file."""
+
+  def __init__(self, path):
+    import sentencepiece  # pylint: disable=import-outside-toplevel
+    self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+    self.vocab_size = self._sp.get_piece_size()
+    self.bos_id = self._sp.bos_id() if self._sp.bos_id() >= 0 else None
+    self.eos_id = self._sp.eos_id() if self._sp.eos_id() >= 0 else None
+
+  def encode(self, text):
+    return self._sp.encode(text)
+
+  def decode(self, ids):
+    return self._sp.decode(list(ids))
+
+
+TOKENIZERS = {"byte": ByteTokenizer, "huggingface": HuggingFaceTokenizer, "tiktoken": TiktokenTokenizer,
+              "sentencepiece": SentencePieceTokenizer}
+
+
+def load(tokenizer_type: str, tokenizer_path: str = "", vocab_size: int | None = None) -> Tokenizer:
+  """The tokenizer; TokenizerError (one line) if it is missing, unreadable or larger than `vocab_size`."""
+  if tokenizer_type not in TOKENIZERS:
+    raise TokenizerError(f"tokenizer_type={tokenizer_type!r}; valid: {', '.join(TOKENIZERS)}")
+  if tokenizer_type == "byte":
+    tok = ByteTokenizer()
+  else:
+    path = pathlib.Path(tokenizer_path)
+    if not tokenizer_path or not path.is_file():
+      raise TokenizerError(f"tokenizer_path={tokenizer_path!r}: no such file (tokenizer_type={tokenizer_type}); "
+                           "give the tokenizer file, or run scripts/prepare_data.py --train-tokenizer")
+    try:
+      tok = TOKENIZERS[tokenizer_type](path)
+    except TokenizerError:
+      raise
+    except Exception as e:  # the libraries raise assorted types for a wrong file
+      raise TokenizerError(f"tokenizer_path={tokenizer_path}: can't load it as {tokenizer_type} "
+                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+  if vocab_size is not None and tok.vocab_size > vocab_size:
+    raise TokenizerError(f"the {tokenizer_type} tokenizer has {tok.vocab_size} tokens but vocab_size={vocab_size}; "
+                         f"set vocab_size >= {tok.vocab_size}")
+  return tok
