@@ -1,6 +1,7 @@
 """Parameter counts, training FLOPs (MaxText's formula) and the per-device memory estimate."""
 
 import dataclasses
+import math
 
 GIB = 2 ** 30
 
@@ -83,11 +84,31 @@ def activation_bytes(cfg, micro_batch_per_device) -> float:
   return cfg.base_num_decoder_layers * per_layer + working_set + logits
 
 
-def memory_per_device(cfg, num_devices, micro_batch_size) -> MemoryEstimate:
-  """Parameters, f32 gradients and AdamW state (mu, nu in f32) sharded over `num_devices`, plus activations."""
+def memory_per_device(cfg, mesh_sizes, micro_batch_size) -> MemoryEstimate:
+  """Parameters, f32 gradients and AdamW state (mu, nu in f32) per device, plus activations.
+
+  `mesh_sizes`: {axis: size} (MaxText.sharding.mesh_shape) or a device count (pure FSDP).
+  Parameters, gradients and optimizer state are split over every axis but data (FSDP + context +
+  tensor, the ideal split: a dimension that doesn't divide stays whole in practice); activations
+  over the batch axes (data x fsdp) and context; tensor parallelism is not credited (conservative).
+  """
+  if isinstance(mesh_sizes, int):
+    mesh_sizes = {"fsdp": mesh_sizes}
+  shards = max(1, math.prod(v for k, v in mesh_sizes.items() if k != "data"))
   n = param_count(cfg)
-  params = n * BYTES[cfg.weight_dtype] / num_devices
-  grads = n * 4 / num_devices
-  optimizer = n * 2 * 4 / num_devices
-  per_device_micro = max(micro_batch_size / num_devices, 1e-9)
-  return MemoryEstimate(params, grads, optimizer, activation_bytes(cfg, per_device_micro))
+  params = n * BYTES[cfg.weight_dtype] / shards
+  grads = n * 4 / shards
+  optimizer = n * 2 * 4 / shards
+  batch_shards = mesh_sizes.get("data", 1) * mesh_sizes.get("fsdp", 1)
+  per_device_micro = max(micro_batch_size / batch_shards, 1e-9)
+  return MemoryEstimate(params, grads, optimizer, activation_bytes(cfg, per_device_micro) / mesh_sizes.get("context", 1))
+
+
+# Published HBM per GPU (GB = 1e9 bytes) and the share left after XLA workspace, NCCL buffers and
+# fragmentation (XLA_PYTHON_CLIENT_MEM_FRACTION-style headroom of 10%).
+GPU_HBM_GB = {"h100": 80, "h200": 141, "b200": 192, "gb200": 192, "b300": 288, "gb300": 288}
+GPU_USABLE_FRACTION = 0.9
+
+
+def gpu_usable_gib(gpu_type):
+  return GPU_HBM_GB[gpu_type] * 1e9 * GPU_USABLE_FRACTION / GIB

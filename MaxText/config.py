@@ -88,6 +88,21 @@ SCHEMA = {
     "remat_policy": Key(str, "full", "activation rematerialization per layer", ("none", "minimal", "full")),
     "attention": Key(str, "dot_product", "attention kernel: XLA dot_product, or cuDNN flash on GPU",
                      ("dot_product", "cudnn_flash")),
+    # -- distribution
+    "hardware": Key(str, "cpu", "cpu (one process; NNODES>1 with JAX_COORDINATOR_IP for CPU multi-process), gpu (one "
+                    "process per node from JAX_COORDINATOR_IP/PORT, NNODES, NODE_RANK) or gpu_multiprocess (one "
+                    "process per GPU, Slurm detected)", ("cpu", "gpu", "gpu_multiprocess")),
+    "jax_distributed_initialization_timeout": Key(int, 300, "seconds to wait for all processes to join"),
+    **{f"ici_{axis}_parallelism": Key(int, -1 if axis == "fsdp" else 1,
+                                      f"{axis} parallelism within a node (-1 = the remaining devices)")
+       for axis in ("data", "fsdp", "context", "tensor")},
+    **{f"dcn_{axis}_parallelism": Key(int, -1 if axis == "data" else 1,
+                                      f"{axis} parallelism across nodes/processes (-1 = the remaining processes)")
+       for axis in ("data", "fsdp", "context", "tensor")},
+    "gpu_type": Key(str, "", "target GPU for the memory check (dry_run and preflight): its published HBM less "
+                    "10% headroom for XLA workspace, NCCL buffers and fragmentation ('' = the local device)",
+                    ("", "h100", "h200", "b200", "gb200", "b300", "gb300")),
+    "num_devices": Key(int, 0, "dry_run: the device count to plan for (0 = the ici/dcn product, else local)"),
     # -- data
     "dataset_type": Key(str, "synthetic", "input pipeline: synthetic (a seeded Markov chain), grain (ArrayRecord "
                         "files) or tfds (a TFDS dataset directory read through its ArrayRecord data source)",

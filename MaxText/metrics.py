@@ -13,17 +13,22 @@ def step_line(step, seconds, tflops_per_device, tokens_per_device, total_weights
 class MetricsWriter:
   """Writes metrics.jsonl and (optionally) TensorBoard events into `run_dir`; flushes every `flush_period` steps."""
 
-  def __init__(self, run_dir, *, tensorboard=True, flush_period=10):
+  def __init__(self, run_dir, *, tensorboard=True, flush_period=10, enabled=True):
+    self.enabled = enabled  # only the first process writes files in a multi-process job
     self.run_dir = pathlib.Path(run_dir)
+    self.tb = None
+    if not enabled:
+      return
     self.run_dir.mkdir(parents=True, exist_ok=True)
     self.jsonl = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
     self.flush_period = flush_period
-    self.tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter  # imported here: optional for library users
       self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
 
   def write(self, step, metrics: dict):
+    if not self.enabled:
+      return
     self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
     if self.tb is not None:
       for name, value in metrics.items():
@@ -33,11 +38,15 @@ class MetricsWriter:
       self.flush()
 
   def flush(self):
+    if not self.enabled:
+      return
     self.jsonl.flush()
     if self.tb is not None:
       self.tb.flush()
 
   def close(self):
+    if not self.enabled:
+      return
     self.flush()
     self.jsonl.close()
     if self.tb is not None:

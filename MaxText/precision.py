@@ -95,6 +95,13 @@ def flops_share(plan, cfg):
   return {k: v / total.total for k, v in sorted(shares.items(), key=lambda kv: -kv[1])}
 
 
+def block_sizes(plan: PrecisionPlan) -> dict:
+  """{gemm: elements per scaling block along a contraction axis}: 16 NVFP4, 32 MX, 1 for per-tensor / bf16."""
+  sizes = {"nvfp4": 16, "mxfp8": 32, "mxfp4": 32}
+  return {g: max(sizes.get(prec[g].recipe.format, 1) for _, _, prec in plan.layer_ranges)
+          for g in ATTENTION_GEMMS + MLP_GEMMS}
+
+
 def stats_record(plan: PrecisionPlan, stats_by_gemm) -> dict:
   """Telemetry as flat metrics: {"quant/<gemm>/<role>/<stat>": mean over the layers where <gemm> is quantized}.
 

@@ -17,9 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-from MaxText import accounting, checkpointing, config as config_lib, data, metrics, optimizer, precision
+from MaxText import (accounting, checkpointing, config as config_lib, data, distributed, metrics, optimizer,
+                     precision, sharding)
 from MaxText.model.decoder import GEMMS, Transformer
 from MaxText.quantization import stats as quant_stats
 
@@ -31,45 +32,66 @@ class UserError(Exception):
 
 
 def device_memory_gib(cfg, devices):
-  """Memory per device for the preflight: hardware_memory_gib, the accelerator's limit, or host RAM."""
+  """Memory per device for the preflight: hardware_memory_gib, gpu_type, the accelerator's limit, or host RAM."""
   if cfg.hardware_memory_gib > 0:
-    return cfg.hardware_memory_gib
+    return cfg.hardware_memory_gib, "hardware_memory_gib"
+  if cfg.gpu_type:
+    return accounting.gpu_usable_gib(cfg.gpu_type), f"a {cfg.gpu_type.upper()} (90% of its HBM)"
   stats = devices[0].memory_stats() if hasattr(devices[0], "memory_stats") else None
   if stats and stats.get("bytes_limit"):
-    return stats["bytes_limit"] / accounting.GIB
+    return stats["bytes_limit"] / accounting.GIB, devices[0].device_kind
   with open("/proc/meminfo", encoding="ascii") as f:
     info = dict(line.split(":", 1) for line in f)
   available_kib = int(info["MemAvailable"].split()[0])
-  return available_kib / 2 ** 20 / len(devices)  # virtual CPU devices share the host
+  local = [d for d in devices if d.process_index == jax.process_index()]
+  return available_kib / 2 ** 20 / len(local), devices[0].platform  # virtual CPU devices share the host
 
 
-def summary(cfg, run_shape):
+def planned_devices(cfg, local_count):
+  """(devices, processes) the run is planned for: num_devices, else an explicit ici x dcn product, else local."""
+  ici = [getattr(cfg, f"ici_{a}_parallelism") for a in sharding.MESH_AXES]
+  dcn = [getattr(cfg, f"dcn_{a}_parallelism") for a in sharding.MESH_AXES]
+  processes = int(np.prod(dcn)) if -1 not in dcn else 1
+  if cfg.num_devices > 0:
+    return cfg.num_devices, processes
+  if -1 not in ici + dcn:
+    return int(np.prod(ici) * np.prod(dcn)), processes
+  return local_count, processes
+
+
+def summary(cfg, run_shape, mesh_sizes):
   flops = accounting.training_flops_per_device(cfg)
-  mem = accounting.memory_per_device(cfg, run_shape.num_devices, run_shape.micro_batch_size)
+  mem = accounting.memory_per_device(cfg, mesh_sizes, run_shape.micro_batch_size)
+  mesh_text = " x ".join(f"{a} {n}" for a, n in mesh_sizes.items())
   lines = [
       f"model: {cfg.model_name}",
       f"parameters: {accounting.param_count(cfg)}",
       f"TFLOPs per device per step: {flops.tflops:.2f}",
+      f"mesh: {mesh_text} ({run_shape.num_devices} device(s))",
       f"memory per device: {mem.total_gib:.2f} GiB",
       f"  parameters {mem.params / accounting.GIB:.2f} GiB ({cfg.weight_dtype}), gradients "
       f"{mem.grads / accounting.GIB:.2f} GiB (f32), optimizer state {mem.optimizer / accounting.GIB:.2f} GiB "
       f"(AdamW mu+nu f32), activations ~{mem.activations / accounting.GIB:.2f} GiB "
       f"(remat_policy={cfg.remat_policy}, micro-batch {run_shape.micro_batch_size}, estimate)",
-      f"  sharding: parameters and optimizer state over {run_shape.num_devices} device(s)",
       f"global batch: {run_shape.global_batch_size} sequences x {cfg.max_target_length} tokens "
       f"({run_shape.tokens_per_step} tokens/step)",
   ]
   return "\n".join(lines), mem
 
 
+def memory_check(cfg, mem, devices):
+  """(fits, needed GiB, available GiB, of what) for the estimate against the device (or gpu_type) memory."""
+  have, what = device_memory_gib(cfg, devices)
+  return mem.total_gib <= have, mem.total_gib, have, what
+
+
 def preflight(cfg, mem, devices):
-  have = device_memory_gib(cfg, devices)
-  need = mem.total_gib
-  if need > have:
+  fits, need, have, what = memory_check(cfg, mem, devices)
+  if not fits:
     raise UserError(
-        f"estimated memory per device {need:.1f} GiB exceeds the {have:.1f} GiB available on "
-        f"{devices[0].platform} ({len(devices)} device(s)); use more devices, a smaller model, or lower "
-        "per_device_batch_size / max_target_length, or remat_policy=full (or set hardware_memory_gib)")
+        f"estimated memory per device {need:.1f} GiB exceeds the {have:.1f} GiB available on {what} "
+        f"({len(devices)} device(s)); use more devices, a smaller model, or lower per_device_batch_size / "
+        "max_target_length, or remat_policy=full (or set hardware_memory_gib)")
 
 
 def loss_terms(model, batch, layer_precisions, key, stats_sinks=None):
@@ -80,7 +102,7 @@ def loss_terms(model, batch, layer_precisions, key, stats_sinks=None):
   return jnp.sum(xent * batch["weights"]), jnp.sum(batch["weights"])
 
 
-def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0):
+def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0, state_shardings=None):
   """The jitted step: gradient accumulation over micro-batches, clipping and AdamW (state donated).
 
   With `num_layers` > 0 the step also returns quantization telemetry ("quant_stats": {gemm:
@@ -119,7 +141,8 @@ def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0):
       step_metrics["quant_stats"] = jax.tree.map(lambda s: s / accumulation_steps, stats)
     return params, opt_state, step_metrics
 
-  return jax.jit(step_fn, donate_argnums=(0, 2))
+  out_shardings = None if state_shardings is None else (*state_shardings, None)
+  return jax.jit(step_fn, donate_argnums=(0, 2), out_shardings=out_shardings)
 
 
 def run_dir(cfg):
@@ -157,12 +180,12 @@ def make_eval_step(graphdef, plan):
 
 def evaluate(cfg, run_shape, eval_step, params, rest, batch_sharding):
   """Mean eval loss over up to eval_steps batches of a fresh pass over the eval split (None: no eval data)."""
-  eval_iter = data.make_eval_iterator(cfg, run_shape)
+  eval_iter = data.make_eval_iterator(cfg, run_shape, jax.process_index(), jax.process_count())
   if eval_iter is None:
     return None
   xent, weights = 0.0, 0.0
   for _, batch in zip(range(cfg.eval_steps), eval_iter):
-    x, w = eval_step(params, rest, jax.device_put(batch._asdict(), batch_sharding))
+    x, w = eval_step(params, rest, _global_batch(batch, batch_sharding))
     xent, weights = xent + float(x), weights + float(w)
   return xent / max(weights, 1.0), weights
 
@@ -187,28 +210,78 @@ def _initial_state(cfg, checkpointer, state):
   return 0, state, {}
 
 
+def _sharding_plan(cfg, plan, num_devices, num_processes):
+  """{axis: size} of the mesh, after checking parameters and quantization blocks fit it."""
+  try:
+    mesh_sizes, _, _ = sharding.mesh_shape(cfg, num_devices, num_processes)
+    sharding.check_quantization_blocks(cfg, mesh_sizes, precision.block_sizes(plan))
+  except sharding.ShardingError as e:
+    raise UserError(str(e)) from e
+  return mesh_sizes
+
+
+def _abstract_model(cfg):
+  return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(cfg.seed))), nnx.Param, ...)
+
+
+def _init_sharded(cfg, mesh):
+  """(graphdef, params, rest) created directly in their shardings (nothing materialised whole on one device)."""
+  graphdef, abstract_params, abstract_rest = _abstract_model(cfg)
+  try:
+    shardings = sharding.param_shardings(abstract_params, mesh)
+  except sharding.ShardingError as e:
+    raise UserError(str(e)) from e
+  replicated = jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract_rest)
+
+  def init():
+    _, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(cfg.seed)), nnx.Param, ...)
+    return params, rest
+  params, rest = jax.jit(init, out_shardings=(shardings, replicated))()
+  return graphdef, params, rest
+
+
+def _global_batch(batch, batch_sharding):
+  """This process's rows of the batch -> global arrays sharded over the mesh."""
+  return {k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v)) for k, v in batch._asdict().items()}
+
+
 def train(cfg):
   """Train per `cfg`; returns the per-step losses of the steps this invocation ran."""
+  try:
+    process_index, process_count = distributed.initialize(cfg)
+  except distributed.DistributedError as e:
+    raise UserError(str(e)) from e
   devices = jax.devices()
-  run_shape = config_lib.RunShape.of(cfg, len(devices))
-  text, mem = summary(cfg, run_shape)
+  num_devices, num_processes = (planned_devices(cfg, len(devices)) if cfg.dry_run
+                                else (len(devices), process_count))
+  run_shape = config_lib.RunShape.of(cfg, num_devices)
   plan = precision.plan_from_config(cfg)
+  mesh_sizes = _sharding_plan(cfg, plan, num_devices, num_processes)
+  text, mem = summary(cfg, run_shape, mesh_sizes)
   print(text)
   print("precision plan:\n" + precision.format_plan(plan, cfg))
   if cfg.high_precision_from_step >= 0:
     print(f"from step {cfg.high_precision_from_step}: every GEMM in bf16")
   if cfg.dry_run:
-    nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(cfg.seed)))  # the model builds, abstractly
+    _, abstract_params, _ = _abstract_model(cfg)  # the model builds abstractly and its parameters shard
+    try:
+      sharding.param_specs(abstract_params, mesh_sizes)
+    except sharding.ShardingError as e:
+      raise UserError(str(e)) from e
+    fits, need, have, what = memory_check(cfg, mem, devices)
+    print(f"memory check: {need:.1f} GiB per device {'fits' if fits else 'does NOT fit'} in {have:.1f} GiB "
+          f"({what})")
     return []
   preflight(cfg, mem, devices)
 
-  mesh = Mesh(np.array(devices), ("data",))
-  replicated, batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-  data_iter = data.make_iterator(cfg, run_shape)  # before the model: bad data fails fast
-  model = Transformer(cfg, rngs=nnx.Rngs(cfg.seed))
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  tx = optimizer.make_optimizer(cfg)
-  state = {"params": params, "opt_state": tx.init(params)}
+  mesh = sharding.make_mesh(cfg, devices)
+  batch_sharding = sharding.batch_sharding(mesh)
+  # Before the model: bad data fails fast.
+  data_iter = data.make_iterator(cfg, run_shape, process_index, process_count)
+  with jax.set_mesh(mesh):
+    graphdef, params, rest = _init_sharded(cfg, mesh)
+    tx = optimizer.make_optimizer(cfg)
+    state = {"params": params, "opt_state": jax.jit(tx.init)(params)}
   out_dir = run_dir(cfg)
   checkpointer = None
   if cfg.enable_checkpointing:
@@ -218,7 +291,8 @@ def train(cfg):
   start_step, state, data_state = _initial_state(cfg, checkpointer, state)
   if data_state:
     data_iter.set_state(data_state)
-  params, opt_state = jax.device_put((state["params"], state["opt_state"]), replicated)
+  params, opt_state = state["params"], state["opt_state"]
+  state_shardings = jax.tree.map(lambda a: a.sharding, (params, opt_state))
 
   # A few compiled steps, never one per step: the plan's, the all-BF16 one from
   # high_precision_from_step, and each of those with telemetry every quantization_stats_period.
@@ -231,13 +305,14 @@ def train(cfg):
     if (high, stats) not in compiled_steps:
       compiled_steps[high, stats] = (step_plan, make_train_step(
           graphdef, tx, step_plan, cfg.gradient_accumulation_steps, cfg.seed,
-          num_layers=cfg.base_num_decoder_layers if stats else 0))
+          num_layers=cfg.base_num_decoder_layers if stats else 0, state_shardings=state_shardings))
     return compiled_steps[high, stats]
 
   eval_step = make_eval_step(graphdef, plan) if cfg.eval_interval else None
   flops = accounting.training_flops_per_device(cfg)
   schedule = optimizer.learning_rate_schedule(cfg)
-  writer = metrics.MetricsWriter(out_dir, tensorboard=cfg.enable_tensorboard, flush_period=cfg.log_period)
+  writer = metrics.MetricsWriter(out_dir, tensorboard=cfg.enable_tensorboard, flush_period=cfg.log_period,
+                                 enabled=process_index == 0)
   losses = []
   step = start_step
 
@@ -246,10 +321,10 @@ def train(cfg):
       checkpointer.save(step, {"params": params, "opt_state": opt_state}, data_iter.get_state(), force=force)
 
   try:
-    with _Preemption() as preemption:
+    with _Preemption() as preemption, jax.set_mesh(mesh):
       last = time.perf_counter()
       while step < cfg.steps:
-        batch = jax.device_put(next(data_iter)._asdict(), batch_sharding)
+        batch = _global_batch(next(data_iter), batch_sharding)
         step_plan, step_fn = train_step_for(step)
         new_params, new_opt_state, step_metrics = step_fn(params, rest, opt_state, batch, jnp.int32(step))
         loss = float(step_metrics["loss"])

@@ -10,7 +10,8 @@ from MaxText.data.tokenizers import TokenizerError
 def make_iterator(cfg, run_shape, process_index=0, process_count=1) -> DataIterator:
   """The training iterator for `cfg.dataset_type`: this process's rows of each global batch."""
   if cfg.dataset_type == "synthetic":
-    return SyntheticIterator(cfg, run_shape.global_batch_size, seed=cfg.seed, process_index=process_index)
+    return SyntheticIterator(cfg, run_shape.global_batch_size, seed=cfg.seed, process_index=process_index,
+                             process_count=process_count)
   return grain_pipeline.GrainIterator(cfg, grain_pipeline.train_source(cfg),
                                       run_shape.global_batch_size // process_count,
                                       process_index=process_index, process_count=process_count)
@@ -20,7 +21,7 @@ def make_eval_iterator(cfg, run_shape, process_index=0, process_count=1):
   """A fresh pass over the eval split (None when there is none); synthetic data evaluates on held-out seeds."""
   if cfg.dataset_type == "synthetic":
     return SyntheticIterator(cfg, run_shape.global_batch_size, seed=cfg.seed + 1_000_003,
-                             process_index=process_index)
+                             process_index=process_index, process_count=process_count)
   source = grain_pipeline.eval_source(cfg)
   if source is None:
     return None

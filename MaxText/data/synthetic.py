@@ -11,12 +11,14 @@ class SyntheticIterator(DataIterator):
 
   SUCCESSORS = 4
 
-  def __init__(self, cfg, global_batch_size, *, seed, process_index=0):
+  def __init__(self, cfg, global_batch_size, *, seed, process_index=0, process_count=1):
     self.vocab, self.length, self.batch = cfg.vocab_size, cfg.max_target_length, global_batch_size
     self.seed, self.step = seed, 0
     table_rng = np.random.default_rng(seed)
     self.successors = table_rng.integers(0, self.vocab, (self.vocab, self.SUCCESSORS))
-    del process_index  # every process draws the same global batch and takes its slice later
+    # Every process draws the same global batch and keeps its rows: the same data on any process count.
+    rows = global_batch_size // process_count
+    self.rows = slice(process_index * rows, (process_index + 1) * rows)
 
   def __next__(self) -> Batch:
     rng = np.random.default_rng((self.seed, self.step))
@@ -31,7 +33,8 @@ class SyntheticIterator(DataIterator):
       nxt = self.successors[tokens[:, t - 1], choice[:, t]]
       tokens[:, t] = np.where(noise[:, t], random_tokens[:, t], nxt)
     tokens = tokens.astype(np.int32)
-    shape = (b, self.length)
+    tokens = tokens[self.rows]
+    shape = (tokens.shape[0], self.length)
     return Batch(inputs=tokens[:, :-1], targets=tokens[:, 1:],
                  positions=np.broadcast_to(np.arange(self.length, dtype=np.int32), shape).copy(),
                  segment_ids=np.ones(shape, np.int32), weights=np.ones(shape, np.float32))

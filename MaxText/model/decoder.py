@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from MaxText import sharding
 from MaxText.model.attention import Attention
 from MaxText.model.layers import Embed, GemmPrecision, RMSNorm
 from MaxText.model.mlp import MLP
@@ -11,6 +12,8 @@ from MaxText.model.mlp import MLP
 ATTENTION_GEMMS = ("q", "k", "v", "o")
 MLP_GEMMS = ("gate", "up", "down")
 GEMMS = ATTENTION_GEMMS + MLP_GEMMS
+
+ACTIVATION_AXES = ("activation_batch", "activation_length", "activation_embed")
 
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -79,6 +82,7 @@ class Transformer(nnx.Module):
         (layer_state, sinks), index = layer_state_and_index
         layer = nnx.merge(graphdef, layer_state)
         layer_key = jax.random.fold_in(key, index) if key is not None else None
+        x = sharding.constrain(x, ACTIVATION_AXES)
         return layer(x, positions, segment_ids, precision, layer_key, sinks), None
       if self.remat_policy != "none":
         body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan_layers)
@@ -105,5 +109,6 @@ class Transformer(nnx.Module):
       layer_precisions = [(0, self.num_layers, uniform_precision())]
     x = self.embed(tokens_BxL)
     x = self._run_layers(x, positions_BxL, segment_ids_BxL, layer_precisions, key, stats_sinks)
-    x = self.final_norm(x)
-    return jnp.dot(x, self.lm_head[...].astype(self.dtype), preferred_element_type=jnp.float32)
+    x = self.final_norm(sharding.constrain(x, ACTIVATION_AXES))
+    logits = jnp.dot(x, self.lm_head[...].astype(self.dtype), preferred_element_type=jnp.float32)
+    return sharding.constrain(logits, ("activation_batch", "activation_length", "activation_vocab"))

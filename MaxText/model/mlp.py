@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from MaxText import sharding
 from MaxText.model.layers import Dense
 
 ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu, "linear": lambda x: x}
@@ -25,4 +26,5 @@ class MLP(nnx.Module):
     sinks = stats_sinks or {}
     gate = ACTIVATIONS[self.activations[0]](self.gate(x_BxLxD, precision["gate"], keys[0], sinks.get("gate")))
     up = ACTIVATIONS[self.activations[1]](self.up(x_BxLxD, precision["up"], keys[1], sinks.get("up")))
-    return self.down(gate * up, precision["down"], keys[2], sinks.get("down"))
+    hidden = sharding.constrain(gate * up, ("activation_batch", "activation_length", "activation_mlp"))
+    return self.down(hidden, precision["down"], keys[2], sinks.get("down"))
