@@ -1,6 +1,8 @@
 """Multi-process start: jax.distributed from the environment (one process per node, or per GPU under Slurm)."""
 
 import os
+import socket
+import time
 
 import jax
 
@@ -34,6 +36,20 @@ def coordinator_from_env():
                            f"{os.environ.get('NODE_RANK')!r} must be integers") from e
 
 
+def _wait_for_coordinator(address, timeout):
+  """Poll the coordinator's TCP port: jax.distributed aborts the process when it can't connect, so check first."""
+  host, port = address.rsplit(":", 1)
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      with socket.create_connection((host, int(port)), timeout=min(5.0, timeout)):
+        return True
+    except OSError:
+      if time.monotonic() >= deadline:
+        return False
+      time.sleep(0.5)
+
+
 def initialize(cfg):
   """Join the job as `cfg.hardware` says; a no-op for a single process. Returns (process_index, process_count).
 
@@ -58,6 +74,10 @@ def initialize(cfg):
       kwargs["local_device_ids"] = _local_device_ids()
     else:
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  if kwargs.get("process_id", 0) != 0 and not _wait_for_coordinator(kwargs["coordinator_address"], timeout):
+    raise DistributedError(f"could not join {where} within {timeout} s (nothing listens there); check "
+                           "JAX_COORDINATOR_IP/JAX_COORDINATOR_PORT are reachable from every node, NNODES/NODE_RANK, "
+                           "and that process 0 was started (jax_distributed_initialization_timeout)")
   try:
     jax.distributed.initialize(initialization_timeout=timeout, **kwargs)
   except Exception as e:  # connection refused, deadline exceeded, Slurm not detected, ...

@@ -37,14 +37,14 @@ def device_memory_gib(cfg, devices):
     return cfg.hardware_memory_gib, "hardware_memory_gib"
   if cfg.gpu_type:
     return accounting.gpu_usable_gib(cfg.gpu_type), f"a {cfg.gpu_type.upper()} (90% of its HBM)"
-  stats = devices[0].memory_stats() if hasattr(devices[0], "memory_stats") else None
+  local = [d for d in devices if d.process_index == jax.process_index()]
+  stats = local[0].memory_stats() if hasattr(local[0], "memory_stats") else None
   if stats and stats.get("bytes_limit"):
-    return stats["bytes_limit"] / accounting.GIB, devices[0].device_kind
+    return stats["bytes_limit"] / accounting.GIB, local[0].device_kind
   with open("/proc/meminfo", encoding="ascii") as f:
     info = dict(line.split(":", 1) for line in f)
   available_kib = int(info["MemAvailable"].split()[0])
-  local = [d for d in devices if d.process_index == jax.process_index()]
-  return available_kib / 2 ** 20 / len(local), devices[0].platform  # virtual CPU devices share the host
+  return available_kib / 2 ** 20 / len(local), local[0].platform  # virtual CPU devices share the host
 
 
 def planned_devices(cfg, local_count):

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Submit a training job to a GB200 / GB300 NVL72 Slurm cluster (pyxis/enroot containers).
+#
+#   scripts/slurm/submit.sh --gpu gb200|gb300 --nodes N --model CONFIG --quantization MODE \
+#       [--image IMAGE] [--partition P] [--account A] [--time HH:MM:SS] [--job-name NAME] \
+#       [--output-dir DIR] [--dry-run] [-- key=value ...]
+#
+# One task per node (hardware=gpu), 4 GPUs per node; the trainer forms the job from
+# JAX_COORDINATOR_IP/PORT, NNODES and NODE_RANK (set in train.sbatch). dcn_data_parallelism=-1 makes
+# the nodes beyond the config's dcn_* product data-parallel replicas. --dry-run prints the exact
+# sbatch command line and the environment the job runs with, and submits nothing.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+GPU="" NODES="" MODEL="" QUANT="" DRY_RUN=0
+IMAGE="${MAXTEXT_IMAGE:-ghcr.io/nvidia/jax:maxtext-nvfp4}"
+PARTITION="${SLURM_PARTITION:-}" ACCOUNT="${SLURM_ACCOUNT:-}" TIME="01:00:00" JOB_NAME="" OUTPUT_DIR="${PWD}/outputs"
+GPUS_PER_NODE=4
+
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+die() { echo "error: $*" >&2; exit 2; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --gpu) GPU="${2:-}"; shift 2 ;;
+    --nodes) NODES="${2:-}"; shift 2 ;;
+    --model) MODEL="${2:-}"; shift 2 ;;
+    --quantization) QUANT="${2:-}"; shift 2 ;;
+    --image) IMAGE="${2:-}"; shift 2 ;;
+    --partition) PARTITION="${2:-}"; shift 2 ;;
+    --account) ACCOUNT="${2:-}"; shift 2 ;;
+    --time) TIME="${2:-}"; shift 2 ;;
+    --job-name) JOB_NAME="${2:-}"; shift 2 ;;
+    --output-dir) OUTPUT_DIR="${2:-}"; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; break ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+done
+EXTRA=("$@")
+
+[[ "$GPU" == gb200 || "$GPU" == gb300 ]] || die "--gpu must be gb200 or gb300, got '${GPU}'"
+[[ "$NODES" =~ ^[1-9][0-9]*$ ]] || die "--nodes must be a positive integer, got '${NODES}'"
+[[ -n "$MODEL" ]] || die "--model CONFIG is required (e.g. configs/${GPU}/llama3_8b_nvfp4.yml)"
+[[ -f "$MODEL" ]] || die "--model ${MODEL}: no such file"
+[[ -n "$QUANT" ]] || die "--quantization is required (bf16, te_fp8_currentscaling, te_nvfp4, te_nvfp4_no_rht, ...)"
+[[ "$QUANT" == bf16 ]] && QUANT=""
+JOB_NAME="${JOB_NAME:-maxtext-$(basename "${MODEL%.yml}")-${QUANT:-bf16}-${NODES}n}"
+RUN_NAME="${JOB_NAME}"
+
+SBATCH=(sbatch --job-name="${JOB_NAME}" --nodes="${NODES}" --ntasks-per-node=1 --gpus-per-node="${GPUS_PER_NODE}"
+        --exclusive --time="${TIME}" --output="${OUTPUT_DIR}/${RUN_NAME}/slurm-%j.out")
+[[ -n "$PARTITION" ]] && SBATCH+=(--partition="${PARTITION}")
+[[ -n "$ACCOUNT" ]] && SBATCH+=(--account="${ACCOUNT}")
+# The environment the job sees: train.sbatch derives XLA_FLAGS etc. from these.
+EXPORTS="ALL,MAXTEXT_IMAGE=${IMAGE},MAXTEXT_OUTPUT_DIR=${OUTPUT_DIR},MAXTEXT_GPU=${GPU},GPUS_PER_NODE=${GPUS_PER_NODE}"
+SBATCH+=(--export="${EXPORTS}" "${HERE}/train.sbatch" "${MODEL}" "quantization=${QUANT}" "gpu_type=${GPU}"
+         "run_name=${RUN_NAME}" "dcn_data_parallelism=-1" "${EXTRA[@]}")
+
+if [[ "$DRY_RUN" == 1 ]]; then
+  echo "# sbatch command:"
+  printf '%q ' "${SBATCH[@]}"; echo
+  echo "# job environment and srun command (train.sbatch --print-only):"
+  SLURM_JOB_NUM_NODES="${NODES}" SLURM_JOB_NODELIST="node[0001-$(printf '%04d' "${NODES}")]" \
+    MAXTEXT_IMAGE="${IMAGE}" MAXTEXT_OUTPUT_DIR="${OUTPUT_DIR}" MAXTEXT_GPU="${GPU}" GPUS_PER_NODE="${GPUS_PER_NODE}" \
+    MAXTEXT_PRINT_ONLY=1 bash "${HERE}/train.sbatch" "${MODEL}" "quantization=${QUANT}" "gpu_type=${GPU}" \
+    "run_name=${RUN_NAME}" "dcn_data_parallelism=-1" "${EXTRA[@]}"
+  exit 0
+fi
+mkdir -p "${OUTPUT_DIR}/${RUN_NAME}"
+"${SBATCH[@]}"

@@ -1,0 +1,65 @@
+"""The Slurm launch scripts: syntax, and their dry runs for 1, 32 and 128 nodes."""
+
+import shlex
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO
+
+SUBMIT = REPO / "scripts" / "slurm" / "submit.sh"
+
+
+def test_scripts_parse():
+  for script in (SUBMIT, REPO / "scripts" / "slurm" / "train.sbatch"):
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("gpu,nodes,model", [("gb200", 1, "configs/gb200/llama3_8b_nvfp4.yml"),
+                                             ("gb300", 32, "configs/gb300/llama3.1_405b_nvfp4.yml"),
+                                             ("gb300", 128, "configs/gb300/llama3.1_405b_fp8.yml")])
+def test_dry_run_prints_the_job(gpu, nodes, model):
+  proc = subprocess.run(["bash", str(SUBMIT), "--gpu", gpu, "--nodes", str(nodes), "--model", model,
+                         "--quantization", "te_nvfp4", "--partition", "batch", "--dry-run", "--", "steps=20"],
+                        cwd=REPO, capture_output=True, text=True, check=True)
+  lines = proc.stdout.splitlines()
+  sbatch = shlex.split(lines[1])
+  assert sbatch[0] == "sbatch" and f"--nodes={nodes}" in sbatch and "--gpus-per-node=4" in sbatch
+  assert "--ntasks-per-node=1" in sbatch and "--partition=batch" in sbatch
+  script = sbatch.index(str(REPO / "scripts" / "slurm" / "train.sbatch"))
+  assert sbatch[script + 1:] == [model, "quantization=te_nvfp4", f"gpu_type={gpu}",
+                                 f"run_name=maxtext-{model.split('/')[-1][:-4]}-te_nvfp4-{nodes}n",
+                                 "dcn_data_parallelism=-1", "steps=20"]
+  env = dict(shlex.split(l)[1].split("=", 1) for l in lines if l.startswith("export "))
+  assert env["NNODES"] == str(nodes) and env["JAX_COORDINATOR_IP"] == "node0001"
+  assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.90"
+  flags = env["XLA_FLAGS"].split()
+  assert "--xla_gpu_enable_latency_hiding_scheduler=true" in flags
+  assert f"--xla_gpu_all_gather_combine_threshold_bytes={2 ** 30 // (4 * nodes)}" in flags
+  assert f"--xla_gpu_reduce_scatter_combine_threshold_bytes={2 ** 30 // (8 * nodes)}" in flags
+  srun = shlex.split(lines[-1])
+  assert srun[0] == "srun" and "--container-image=ghcr.io/nvidia/jax:maxtext-nvfp4" in srun
+  assert srun[srun.index("train") + 1:srun.index("train") + 3] == [model, "hardware=gpu"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpu", "h100", "--nodes", "1", "--model", "configs/llama3_8b.yml", "--quantization", "bf16"],
+     "--gpu must be gb200 or gb300"),
+    (["--gpu", "gb200", "--nodes", "0", "--model", "configs/llama3_8b.yml", "--quantization", "bf16"],
+     "--nodes must be a positive integer"),
+    (["--gpu", "gb200", "--nodes", "2", "--model", "nope.yml", "--quantization", "bf16"], "no such file"),
+])
+def test_bad_arguments_are_one_line_errors(args, message):
+  proc = subprocess.run(["bash", str(SUBMIT), *args, "--dry-run"], cwd=REPO, capture_output=True, text=True)
+  assert proc.returncode == 2 and proc.stderr.startswith("error: ") and message in proc.stderr
+
+
+def test_gb300_405b_preset_fits_in_dry_run():
+  from MaxText import config, train
+  cfg = config.load(REPO / "configs" / "gb300" / "llama3.1_405b_nvfp4.yml", ["dry_run=true"])
+  assert train.train(cfg) == []
+  mesh = {"data": 1, "fsdp": 128, "context": 1, "tensor": 1}
+  text, mem = train.summary(cfg, config.RunShape.of(cfg, 128), mesh)
+  assert "mesh: data 1 x fsdp 128 x context 1 x tensor 1 (128 device(s))" in text
+  fits, need, have, _ = train.memory_check(cfg, mem, None)
+  assert fits and 60 < need < have and have == pytest.approx(288e9 * 0.9 / 2 ** 30)
