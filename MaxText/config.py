@@ -64,6 +64,9 @@ SCHEMA = {
     "disable_rht": Key(bool, False, "NVFP4: no Random Hadamard Transform on the wgrad operands"),
     "disable_stochastic_rounding": Key(bool, False, "NVFP4: round gradients to nearest instead of stochastically"),
     "disable_2d_quantization": Key(bool, False, "NVFP4: 1x16 blocks for weights instead of 16x16 tiles"),
+    "amax_history_len": Key(int, 1024, "te_fp8_delayedscaling: steps of amax history per GEMM operand"),
+    "amax_compute_algo": Key(str, "max", "te_fp8_delayedscaling: scale from the history's max or its most "
+                             "recent amax", ("max", "most_recent")),
     "quantization_stats_period": Key(int, 0, "every N steps log, per GEMM kind and operand, the relative "
                                      "quantization error and the fractions of saturated and all-zero (underflowed) "
                                      "blocks to metrics.jsonl/TensorBoard as quant/<gemm>/<operand>/<stat> (0 = off)"),
@@ -250,6 +253,8 @@ def _validate(c):
                       "python scripts/prepare_data.py --corpus shakespeare writes some")
   if c.dataset_type == "tfds" and not (c.dataset_path and c.dataset_name):
     raise ConfigError("dataset_type=tfds needs dataset_path and dataset_name")
+  if c.amax_history_len < 1:
+    raise ConfigError(f"amax_history_len={c.amax_history_len} must be >= 1")
   if c.quantization_stats_period < 0:
     raise ConfigError(f"quantization_stats_period={c.quantization_stats_period} must be >= 0 (0 = off)")
   if c.learning_rate < 0:
@@ -262,10 +267,6 @@ def _validate(c):
   if len(c.mlp_activations) != 2 or any(a not in ("silu", "gelu", "relu", "linear") for a in c.mlp_activations):
     raise ConfigError(f"mlp_activations={c.mlp_activations} must be two of silu, gelu, relu, linear "
                       "(gate, up), e.g. [silu, linear]")
-  for name in ("quantization", "attention_quantization"):
-    if getattr(c, name) == "te_fp8_delayedscaling":
-      raise ConfigError(f"{name}=te_fp8_delayedscaling: the trainer does not carry the amax history across steps "
-                        "yet; use te_fp8_currentscaling (the library has it: MaxText.quantization.delayed)")
   edge = c.quantization_bf16_first_layers + c.quantization_bf16_last_layers
   if min(c.quantization_bf16_first_layers, c.quantization_bf16_last_layers) < 0 or edge > c.base_num_decoder_layers:
     raise ConfigError(f"quantization_bf16_first_layers + quantization_bf16_last_layers = {edge} must be between 0 "

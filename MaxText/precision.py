@@ -24,6 +24,8 @@ class PrecisionPlan:
 def _recipe(cfg, name):
   """Recipe `name` with the config's TE-named NVFP4 knobs applied."""
   knobs = {}
+  if name == "te_fp8_delayedscaling":
+    knobs = dict(amax_history_len=cfg.amax_history_len, amax_compute_algo=cfg.amax_compute_algo)
   if name.startswith("te_nvfp4"):
     knobs = dict(disable_rht=cfg.disable_rht or name == "te_nvfp4_no_rht",
                  disable_stochastic_rounding=cfg.disable_stochastic_rounding,

@@ -111,13 +111,11 @@ def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0, 
   sinks = {g: jnp.zeros((num_layers, len(quant_stats.ROLES), len(quant_stats.STATS))) for g in GEMMS}
 
   def micro_grads(params, rest, micro_batch, key):
-    def loss_sum(p, s):
-      return loss_terms(nnx.merge(graphdef, p, rest), micro_batch, plan.layer_ranges, key, s)
-    if not num_layers:
-      (xent_sum, weight_sum), grads = jax.value_and_grad(loss_sum, has_aux=True)(params, None)
-      return xent_sum, weight_sum, (grads, {})
-    (xent_sum, weight_sum), grads = jax.value_and_grad(loss_sum, argnums=(0, 1), has_aux=True)(params, sinks)
-    return xent_sum, weight_sum, grads
+    """Loss terms and gradients w.r.t. the parameters, `rest` (the amax histories: their gradient is the
+    new history) and the telemetry sinks (their gradient is the stats)."""
+    def loss_sum(p, r, s):
+      return loss_terms(nnx.merge(graphdef, p, r), micro_batch, plan.layer_ranges, key, s or None)
+    return jax.value_and_grad(loss_sum, argnums=(0, 1, 2), has_aux=True)(params, rest, sinks if num_layers else {})
 
   def step_fn(params, rest, opt_state, batch, step):
     step_key = jax.random.fold_in(jax.random.key(seed), step)
@@ -125,13 +123,16 @@ def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0, 
 
     def accumulate(carry, xs):
       micro_batch, index = xs
-      xent, weight, grads = micro_grads(params, rest, micro_batch, jax.random.fold_in(step_key, index))
-      acc_xent, acc_weight, acc_grads = carry
-      return (acc_xent + xent, acc_weight + weight, jax.tree.map(jnp.add, acc_grads, grads)), None
+      acc_xent, acc_weight, acc_grads, acc_stats, rest = carry
+      (xent, weight), (grads, new_rest, stats) = micro_grads(params, rest, micro_batch,
+                                                             jax.random.fold_in(step_key, index))
+      # Each micro-batch quantizes with the histories the previous one left (TE's behaviour).
+      return (acc_xent + xent, acc_weight + weight, jax.tree.map(jnp.add, acc_grads, grads),
+              jax.tree.map(jnp.add, acc_stats, stats), new_rest), None
 
     zeros = jax.tree.map(jnp.zeros_like, (params, sinks if num_layers else {}))
-    (xent, weights, (grads, stats)), _ = jax.lax.scan(accumulate, (0.0, 0.0, zeros),
-                                                      (micro, jnp.arange(accumulation_steps)))
+    (xent, weights, grads, stats, rest), _ = jax.lax.scan(accumulate, (0.0, 0.0, *zeros, rest),
+                                                          (micro, jnp.arange(accumulation_steps)))
     grads = jax.tree.map(lambda g: g / jnp.maximum(weights, 1.0), grads)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
@@ -139,9 +140,9 @@ def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0, 
                     "grad_norm": optax.tree.norm(grads)}
     if num_layers:
       step_metrics["quant_stats"] = jax.tree.map(lambda s: s / accumulation_steps, stats)
-    return params, opt_state, step_metrics
+    return params, rest, opt_state, step_metrics
 
-  out_shardings = None if state_shardings is None else (*state_shardings, None)
+  out_shardings = None if state_shardings is None else (state_shardings[0], None, state_shardings[1], None)
   return jax.jit(step_fn, donate_argnums=(0, 2), out_shardings=out_shardings)
 
 
@@ -190,6 +191,14 @@ def evaluate(cfg, run_shape, eval_step, params, rest, batch_sharding):
   return xent / max(weights, 1.0), weights
 
 
+def _train_state(params, rest, opt_state):
+  """What a checkpoint holds: parameters, optimizer state and, with delayed scaling, the amax histories."""
+  state = {"params": params, "opt_state": opt_state}
+  if jax.tree.leaves(rest):
+    state["amax_history"] = rest
+  return state
+
+
 def _initial_state(cfg, checkpointer, state):
   """(first step, state, data iterator state): resume from the run's own checkpoints, else a load_* path."""
   if checkpointer is not None:
@@ -206,7 +215,7 @@ def _initial_state(cfg, checkpointer, state):
   if cfg.load_parameters_path:
     loaded, _ = checkpointing.restore_step_dir(cfg.load_parameters_path, state)
     print(f"loaded parameters from {cfg.load_parameters_path}; fresh optimizer state, step 0", flush=True)
-    return 0, {"params": loaded["params"], "opt_state": state["opt_state"]}, {}
+    return 0, {**state, "params": loaded["params"]}, {}
   return 0, state, {}
 
 
@@ -281,7 +290,7 @@ def train(cfg):
   with jax.set_mesh(mesh):
     graphdef, params, rest = _init_sharded(cfg, mesh)
     tx = optimizer.make_optimizer(cfg)
-    state = {"params": params, "opt_state": jax.jit(tx.init)(params)}
+    state = _train_state(params, rest, jax.jit(tx.init)(params))
   out_dir = run_dir(cfg)
   checkpointer = None
   if cfg.enable_checkpointing:
@@ -292,6 +301,7 @@ def train(cfg):
   if data_state:
     data_iter.set_state(data_state)
   params, opt_state = state["params"], state["opt_state"]
+  rest = state.get("amax_history", rest)
   state_shardings = jax.tree.map(lambda a: a.sharding, (params, opt_state))
 
   # A few compiled steps, never one per step: the plan's, the all-BF16 one from
@@ -318,7 +328,7 @@ def train(cfg):
 
   def save(force=False):
     if checkpointer is not None:
-      checkpointer.save(step, {"params": params, "opt_state": opt_state}, data_iter.get_state(), force=force)
+      checkpointer.save(step, _train_state(params, rest, opt_state), data_iter.get_state(), force=force)
 
   try:
     with _Preemption() as preemption, jax.set_mesh(mesh):
@@ -326,7 +336,8 @@ def train(cfg):
       while step < cfg.steps:
         batch = _global_batch(next(data_iter), batch_sharding)
         step_plan, step_fn = train_step_for(step)
-        new_params, new_opt_state, step_metrics = step_fn(params, rest, opt_state, batch, jnp.int32(step))
+        new_params, new_rest, new_opt_state, step_metrics = step_fn(params, rest, opt_state, batch,
+                                                                    jnp.int32(step))
         loss = float(step_metrics["loss"])
         now = time.perf_counter()
         seconds, last = now - last, now
@@ -334,7 +345,7 @@ def train(cfg):
           kept = f"; the last good checkpoint is {checkpointer.steps()[-1]}" if checkpointer and checkpointer.steps() else ""
           raise UserError(f"loss is {loss} at step {step}; lower learning_rate or check the data "
                           f"(metrics so far in {out_dir}{kept})")
-        params, opt_state = new_params, new_opt_state
+        params, rest, opt_state = new_params, new_rest, new_opt_state
         tokens_per_device = run_shape.tokens_per_step / run_shape.num_devices
         record = {"loss": loss, "seconds": seconds, "TFLOP/s/device": flops.tflops / seconds,
                   "Tokens/s/device": tokens_per_device / seconds,

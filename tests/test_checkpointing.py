@@ -36,6 +36,7 @@ def _sigterm_after(monkeypatch, stop_step):
 @pytest.mark.parametrize("extra", [
     [],
     ["quantization=te_nvfp4"],
+    ["quantization=te_fp8_delayedscaling", "amax_history_len=4"],  # the amax histories are state too
     pytest.param("grain", id="grain"),
     pytest.param("grain+nvfp4", id="grain-te_nvfp4"),
 ])

@@ -93,3 +93,21 @@ def test_telemetry_is_logged_for_quantized_gemms_and_does_not_change_training(tm
   assert all(0.03 < records[0][f"quant/{g}/x/rel_err"] < 0.2 for g in ("gate", "up", "down"))
   with pytest.raises(config.ConfigError, match="quantization_stats_period=-1 must be >= 0"):
     _cfg("quantization_stats_period=-1")
+
+
+def test_delayed_scaling_carries_the_amax_history_across_steps(tmp_path):
+  import orbax.checkpoint as ocp
+  cfg = _cfg("quantization=te_fp8_delayedscaling", "amax_history_len=5", "steps=3", "enable_checkpointing=true",
+             "gradient_accumulation_steps=2", tmp=tmp_path)
+  losses = train.train(cfg)
+  assert len(losses) == 3 and all(np.isfinite(losses))
+  state = ocp.StandardCheckpointer().restore(tmp_path / "p" / "checkpoints" / "3" / "state")
+  layers = state["amax_history"]["layers"]
+  gate = np.asarray(layers["mlp"]["gate"]["amax_history"]["value"])  # [layers, (x, w, dy), history]
+  assert gate.shape == (2, 3, 5)
+  # 3 steps x 2 micro-batches pushed 6 amaxes into a history of 5: all filled, newest first, all positive.
+  assert (gate > 0).all()
+  weight_amax = gate[:, 1, :]
+  assert np.all(np.abs(weight_amax[:, 0] - weight_amax[:, 1]) < 0.05 * weight_amax[:, 0])  # weights move slowly
+  query = np.asarray(layers["attention"]["query"]["amax_history"]["value"])
+  assert (query == 0).all()  # attention stays BF16 (scope mlp): its history is never written

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText.model.layers import Dense, GemmPrecision
+from MaxText.model.layers import Dense, GemmPrecision, amax_history_len
 
 NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)
 
@@ -64,7 +64,8 @@ class Attention(nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     d, h, kv, dh = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
-    kw = dict(dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs)
+    kw = dict(dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs,
+              history_len=amax_history_len(cfg))
     self.query = Dense(d, h * dh, **kw)
     self.key = Dense(d, kv * dh, **kw)
     self.value = Dense(d, kv * dh, **kw)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText.quantization import Recipe, get_recipe, qdense
+from MaxText.quantization import Recipe, delayed, get_recipe, qdense
 
 BF16 = get_recipe("")
 
@@ -15,6 +15,17 @@ class GemmPrecision(typing.NamedTuple):
   """How one GEMM runs: the recipe and the backend request (auto / te / emulate). Static (hashable)."""
   recipe: Recipe = BF16
   backend: str = "auto"
+
+
+class AmaxHistory(nnx.Variable):
+  """FP8 delayed scaling's amax history [3, H] (rows x, w, dy; newest first). The train step overwrites it
+  with its gradient (the new history) instead of handing it to the optimizer."""
+
+
+def amax_history_len(cfg):
+  """History length for the Dense layers: only when a delayed-scaling recipe is configured (else 0, none kept)."""
+  delayed_names = ("te_fp8_delayedscaling",)
+  return cfg.amax_history_len if {cfg.quantization, cfg.attention_quantization} & set(delayed_names) else 0
 
 
 def dense_init():
@@ -30,9 +41,11 @@ class Dense(nnx.Module):
   quantization telemetry, returned as the sink's gradient.
   """
 
-  def __init__(self, in_features, out_features, *, dtype, weight_dtype, rngs: nnx.Rngs):
+  def __init__(self, in_features, out_features, *, dtype, weight_dtype, rngs: nnx.Rngs, history_len=0):
     self.kernel = nnx.Param(dense_init()(rngs.params(), (in_features, out_features), weight_dtype))
     self.dtype = dtype
+    if history_len:
+      self.amax_history = AmaxHistory(jnp.zeros((3, history_len), jnp.float32))
 
   @staticmethod
   def dot_general(x, kernel, precision: GemmPrecision, key, stats_sink=None):
@@ -40,6 +53,12 @@ class Dense(nnx.Module):
 
   def __call__(self, x, precision: GemmPrecision = GemmPrecision(), key=None, stats_sink=None):
     kernel = self.kernel[...]
+    if precision.recipe.stateful:
+      if not hasattr(self, "amax_history"):
+        raise ValueError(f"{precision.recipe.name} needs an amax history: build the model with amax_history_len")
+      x2d = x.astype(self.dtype).reshape(-1, x.shape[-1])
+      y = delayed.qmatmul_delayed(x2d, kernel, precision.recipe, self.amax_history[...])
+      return y.reshape(*x.shape[:-1], kernel.shape[1])
     if not precision.recipe.quantized:
       kernel, stats_sink = kernel.astype(self.dtype), None  # BF16 GEMM; quantizers read the f32 master weight
     return self.dot_general(x.astype(self.dtype), kernel, precision, key, stats_sink)

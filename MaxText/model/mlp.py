@@ -5,7 +5,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from MaxText import sharding
-from MaxText.model.layers import Dense
+from MaxText.model.layers import Dense, amax_history_len
 
 ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu, "linear": lambda x: x}
 
@@ -15,7 +15,8 @@ class MLP(nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     d, f = cfg.base_emb_dim, cfg.base_mlp_dim
-    kw = dict(dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs)
+    kw = dict(dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs,
+              history_len=amax_history_len(cfg))
     self.gate = Dense(d, f, **kw)
     self.up = Dense(d, f, **kw)
     self.down = Dense(f, d, **kw)

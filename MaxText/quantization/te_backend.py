@@ -44,6 +44,8 @@ def unavailable_reason(recipe: Recipe):
   """None when TE can run `recipe` here, else why not (one line)."""
   if not recipe.name.startswith("te_"):
     return f"{recipe.name} has no Transformer Engine kernel"
+  if recipe.stateful:
+    return "the trainer carries the amax history itself (TE would keep it in its own variable collection)"
   sm = _gpu_compute_capability()
   need = min_sm(recipe)
   kind = "NVFP4" if recipe.format == "nvfp4" else "FP8"
