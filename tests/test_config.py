@@ -48,7 +48,8 @@ def test_llama_configs_have_the_published_shapes():
     ("steps=0", "steps=0 must be > 0"),
     ("base_num_kv_heads=3", "must be a multiple of base_num_kv_heads=3"),
     ("novalue", "expected key=value, got 'novalue'"),
-    ("quantization=te_fp8_delayedscaling", "does not carry the amax history"),
+    ("amax_history_len=0", "amax_history_len=0 must be >= 1"),
+    ("ici_fsdp_parallelism=x", "ici_fsdp_parallelism"),
 ])
 def test_override_errors(override, message):
   with pytest.raises(config.ConfigError) as e:

@@ -77,21 +77,17 @@ got = f(xs, ws)
 same = all(bool(np.array_equal(np.asarray(a), np.asarray(b))) for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)))
 out = {"gemm_identical": same}
 for recipe_name in ("", "te_nvfp4"):
+  # embed 128: fsdp 8 leaves 16 per shard, one whole NVFP4 block.
   base = ["steps=4", "dtype=float32", "disable_stochastic_rounding=true", f"quantization={recipe_name}",
-          f"base_output_directory={tmp}", "per_device_batch_size=1"]
+          f"base_output_directory={tmp}", "per_device_batch_size=1", "base_emb_dim=128"]
   for name, keys in meshes.items():
     out[f"{recipe_name or 'bf16'}/{name}"] = train.train(config.load("configs/llama3_tiny.yml", small + base + keys))
 print("RESULT" + json.dumps(out))
 """
 
 
-@pytest.mark.slow
-def test_sharded_training_matches_across_meshes(tmp_path):
-  _run_meshes(tmp_path, MESHES)
-
-
 def test_sharded_training_matches_one_device(tmp_path):
-  _run_meshes(tmp_path, {k: MESHES[k] for k in ("fsdp2_context2_tensor2",)})
+  _run_meshes(tmp_path, MESHES)
 
 
 def _run_meshes(tmp_path, meshes):
@@ -104,7 +100,7 @@ def _run_meshes(tmp_path, meshes):
   for recipe in ("", "te_nvfp4"):
     runs = {k.split("/")[1]: v for k, v in out.items() if k.startswith(recipe or "bf16")}
     # One device, the same global batch of 8 sequences.
-    reference = train.train(_cfg("steps=4", "dtype=float32", "disable_stochastic_rounding=true",
+    reference = train.train(_cfg("steps=4", "dtype=float32", "disable_stochastic_rounding=true", "base_emb_dim=128",
                                  f"quantization={recipe}", f"base_output_directory={tmp_path}",
                                  "per_device_batch_size=8"))
     assert len(reference) == 4 and reference[-1] < reference[0]

@@ -67,6 +67,8 @@ def test_tfds_source_trains_and_evaluates(corpus, tmp_path, capsys):
   assert len(losses) == 3 and "eval after step 2: loss:" in capsys.readouterr().out
   record = [json.loads(l) for l in (tmp_path / "tfds" / "metrics.jsonl").read_text().splitlines()][-1]
   assert 2.0 < record["eval_loss"] < 7.0 and record["eval_weights"] > 0
+  import sys
+  assert "tensorflow" not in sys.modules  # read through the ArrayRecord data source, no TensorFlow
 
 
 def test_pretokenized_records_and_bad_token_ids(tmp_path):
