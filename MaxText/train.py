@@ -4,6 +4,7 @@
 """
 
 import datetime
+import json
 import logging
 import os
 import pathlib
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from MaxText import (accounting, checkpointing, config as config_lib, data, distributed, metrics, optimizer,
@@ -191,6 +193,19 @@ def evaluate(cfg, run_shape, eval_step, params, rest, batch_sharding):
   return xent / max(weights, 1.0), weights
 
 
+def _data_states(data_iter):
+  """{process index: iterator position} of every process (each reads its own slice), gathered to all."""
+  state = data_iter.get_state()
+  if jax.process_count() == 1:
+    return {"0": state}
+  blob = np.frombuffer(json.dumps(state).encode("utf-8"), np.uint8)
+  lengths = multihost_utils.process_allgather(np.array([blob.size])).reshape(-1)
+  padded = np.zeros(int(lengths.max()), np.uint8)
+  padded[:blob.size] = blob
+  blobs = multihost_utils.process_allgather(padded)
+  return {str(i): json.loads(bytes(blobs[i][:lengths[i]]).decode("utf-8")) for i in range(len(lengths))}
+
+
 def _train_state(params, rest, opt_state):
   """What a checkpoint holds: parameters, optimizer state and, with delayed scaling, the amax histories."""
   state = {"params": params, "opt_state": opt_state}
@@ -299,7 +314,11 @@ def train(cfg):
                                               async_save=cfg.async_checkpointing)
   start_step, state, data_state = _initial_state(cfg, checkpointer, state)
   if data_state:
-    data_iter.set_state(data_state)
+    own = data_state.get(str(process_index))
+    if own is None:
+      raise UserError(f"the checkpoint holds data positions for processes {sorted(data_state)}, not for process "
+                      f"{process_index}; resume with the same number of processes (or load_parameters_path)")
+    data_iter.set_state(own)
   params, opt_state = state["params"], state["opt_state"]
   rest = state.get("amax_history", rest)
   state_shardings = jax.tree.map(lambda a: a.sharding, (params, opt_state))
@@ -328,7 +347,7 @@ def train(cfg):
 
   def save(force=False):
     if checkpointer is not None:
-      checkpointer.save(step, _train_state(params, rest, opt_state), data_iter.get_state(), force=force)
+      checkpointer.save(step, _train_state(params, rest, opt_state), _data_states(data_iter), force=force)
 
   try:
     with _Preemption() as preemption, jax.set_mesh(mesh):
