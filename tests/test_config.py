@@ -1,6 +1,5 @@
 """Config loading: inheritance, coercion, every error path (one line, exit 2), base.yml in sync."""
 
-import pathlib
 import subprocess
 import sys
 
