@@ -12,6 +12,8 @@ OUT/parity.md and OUT/parity.png. The table, per mode:
                   in nats and in % of the baseline's mean there
   noise band      the baseline's step-to-step standard deviation over that regime: gaps well inside it
                   are not distinguishable from noise on this many steps
+  gap spread      the standard deviation of the step-wise difference (mode - baseline) over that regime:
+                  both see the same batches, so this paired spread is the tighter yardstick
   tokens ratio    steps the mode needs for its smoothed loss to reach the baseline's smoothed final loss,
                   over the steps the baseline needs (> 1 = needs more tokens; "> X" = not reached)
 """
@@ -66,6 +68,7 @@ def analyse(curves: dict, converged=0.3):
     gap = float(np.mean(losses[tail] - base[tail]))
     steps = first_step_reaching(smooth(losses, window), target)
     rows.append({"mode": label, "final_loss": float(np.mean(losses[final])), "gap_nats": gap,
+                 "gap_spread_nats": float(np.std(losses[tail] - base[tail])),
                  "gap_percent": 100.0 * gap / float(np.mean(base[tail])), "noise_band_nats": noise,
                  "tokens_ratio": steps / base_steps if steps else None,
                  "tokens_ratio_lower_bound": None if steps else n / base_steps})
@@ -75,11 +78,11 @@ def analyse(curves: dict, converged=0.3):
 def markdown(rows, converged):
   base = rows[0]["mode"]
   lines = [f"| mode | final loss | gap to {base} (last {converged:.0%}) | gap % | noise band (baseline std) | "
-           f"tokens to reach {base}'s final loss |", "|---|---:|---:|---:|---:|---:|"]
+           f"gap spread (paired std) | tokens to reach {base}'s final loss |", "|---|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
     ratio = f"{r['tokens_ratio']:.2f}x" if r["tokens_ratio"] else f"> {r['tokens_ratio_lower_bound']:.2f}x"
     lines.append(f"| {r['mode']} | {r['final_loss']:.4f} | {r['gap_nats']:+.4f} | {r['gap_percent']:+.2f}% | "
-                 f"±{r['noise_band_nats']:.4f} | {ratio} |")
+                 f"±{r['noise_band_nats']:.4f} | ±{r['gap_spread_nats']:.4f} | {ratio} |")
   return "\n".join(lines)
 
 

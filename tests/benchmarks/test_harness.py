@@ -33,6 +33,7 @@ def test_analysis_on_known_curves():
   assert rows[1]["gap_percent"] == pytest.approx(100 * rows[1]["gap_nats"] / np.mean(base[tail]), rel=1e-12)
   assert rows[1]["tokens_ratio"] is None and rows[1]["tokens_ratio_lower_bound"] == pytest.approx(1.0, abs=0.02)
   assert abs(rows[2]["gap_nats"]) < 1e-3 and rows[0]["noise_band_nats"] == pytest.approx(np.std(base[tail]))
+  assert rows[2]["gap_spread_nats"] == pytest.approx(np.std(0.01 * np.sin(steps[tail])))
   shorter = parity.analyse({"bf16": worse.tolist(), "fast": base.tolist()})
   assert shorter[1]["tokens_ratio"] < 0.8  # reaches the baseline's final loss sooner
   assert "| slow |" in parity.markdown(rows, 0.3) and "> 1.00x" in parity.markdown(rows, 0.3)
