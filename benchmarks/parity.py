@@ -154,7 +154,7 @@ def main(argv=None):
   curves, evals = run_modes(args.config, overrides, args.modes, args.steps, out)
   rows = analyse(curves, args.converged)
   info = machine()
-  header = (f"parity: {args.config} {' '.join(overrides)}, {args.steps} steps; commit {info['commit']}, "
+  header = (f"parity: {' '.join([args.config, *overrides])}, {args.steps} steps; commit {info['commit']}, "
             f"{info['device']}")
   table = markdown(rows, args.converged)
   (out / "curves.json").write_text(json.dumps({"machine": info, "config": args.config, "overrides": overrides,

@@ -85,7 +85,7 @@ def main(argv=None):
   with tempfile.TemporaryDirectory() as tmp:
     rows = measure(args.config, overrides, args.modes, args.steps, args.warmup, args.out or tmp)
   info = machine()
-  print(f"\nthroughput: {args.config} {' '.join(overrides)} ({args.steps} steps after {args.warmup} warm-up; "
+  print(f"\nthroughput: {' '.join([args.config, *overrides])} ({args.steps} steps after {args.warmup} warm-up; "
         f"commit {info['commit']}, {info['device']})\n")
   print(markdown(rows))
   if args.json:
