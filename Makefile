@@ -23,10 +23,10 @@ train: data
 	$(PY) train.py configs/llama3_tiny.yml $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 tests
 
 test-all: setup
-	$(PY) -m pytest -q -m "" tests
+	$(PY) -m pytest -q -n 2 -m "" tests
 
 bench: setup
 	$(PY) benchmarks/quantize_bench.py
