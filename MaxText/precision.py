@@ -6,6 +6,7 @@ from MaxText import accounting
 from MaxText.model.decoder import ATTENTION_GEMMS, MLP_GEMMS
 from MaxText.model.layers import GemmPrecision
 from MaxText.quantization import backends, get_recipe
+from MaxText.quantization import emulated
 from MaxText.quantization import stats as quant_stats
 
 BF16 = GemmPrecision()
@@ -99,8 +100,7 @@ def flops_share(plan, cfg):
 
 def block_sizes(plan: PrecisionPlan) -> dict:
   """{gemm: elements per scaling block along a contraction axis}: 16 NVFP4, 32 MX, 1 for per-tensor / bf16."""
-  sizes = {"nvfp4": 16, "mxfp8": 32, "mxfp4": 32}
-  return {g: max(sizes.get(prec[g].recipe.format, 1) for _, _, prec in plan.layer_ranges)
+  return {g: max(emulated.block_size(prec[g].recipe) or 1 for _, _, prec in plan.layer_ranges)
           for g in ATTENTION_GEMMS + MLP_GEMMS}
 
 

@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 
 from MaxText.quantization import emulated
-from MaxText.quantization import formats
 from MaxText.quantization.recipes import Recipe
 
 ROWS = {"x": 0, "w": 1, "dy": 2}
@@ -32,13 +31,9 @@ def _push(history_H, amax):
   return jnp.concatenate([amax[None].astype(jnp.float32), history_H[:-1]])
 
 
-def _grid(recipe, role):
-  return formats.E5M2 if recipe.fp8_dtype_name(role) == "e5m2" else formats.E4M3
-
-
 def _quantize(x, recipe, role, history_3xH):
   history_H = history_3xH[ROWS[role.rstrip("_t")]]
-  grid = _grid(recipe, role)
+  grid = emulated.element_grid(recipe, role)
   return emulated.quantize_operand(x, recipe, role, scale=_scale_from_history(history_H, recipe, grid))
 
 

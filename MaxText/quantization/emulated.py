@@ -17,6 +17,7 @@ from MaxText.quantization.recipes import Recipe
 
 MX_BLOCK = 32
 _FP8_GRIDS = {"e4m3": formats.E4M3, "e5m2": formats.E5M2}
+_BLOCK_SIZES = {"nvfp4": nvfp4.BLOCK, "mxfp8": MX_BLOCK, "mxfp4": MX_BLOCK}
 
 
 class ScaledOperand(typing.NamedTuple):
@@ -58,6 +59,18 @@ def quantize_mx(x, grid) -> ScaledOperand:
                        jnp.broadcast_to(scale, x_blocks.shape).reshape(m, k))
 
 
+def element_grid(recipe: Recipe, role: str) -> formats.FloatGrid:
+  """The grid the operand's values land on: E2M1 for the FP4 formats, else E4M3 / E5M2 per role."""
+  if recipe.format in ("nvfp4", "mxfp4"):
+    return formats.E2M1
+  return _FP8_GRIDS[recipe.fp8_dtype_name(role)]
+
+
+def block_size(recipe: Recipe):
+  """Elements per scaling block along the contraction axis; None for per-tensor scaling and BF16."""
+  return _BLOCK_SIZES.get(recipe.format)
+
+
 def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
   """Quantize one GEMM operand [rows, contraction] as `recipe` prescribes for `role`.
 
@@ -73,14 +86,12 @@ def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
     return nvfp4.quantize(x, tile=tile, rht=recipe.rht(role), stochastic_rounding=sr,
                           key=key if sr else None)
   if fmt in ("fp8_current", "fp8_delayed"):
-    grid = _FP8_GRIDS[recipe.fp8_dtype_name(role)]
+    grid = element_grid(recipe, role)
     if scale is None:
       scale = per_tensor_fp8_scale(jnp.max(jnp.abs(x.astype(jnp.float32))), grid)
     return quantize_per_tensor_fp8(x, grid, scale)
-  if fmt == "mxfp8":
-    return quantize_mx(x, formats.E4M3)
-  if fmt == "mxfp4":
-    return quantize_mx(x, formats.E2M1)
+  if fmt in ("mxfp8", "mxfp4"):
+    return quantize_mx(x, element_grid(recipe, role))
   raise ValueError(f"unknown recipe format {fmt!r}")
 
 

@@ -23,12 +23,6 @@ from MaxText.quantization.recipes import ROLES, Recipe
 STATS = ("rel_err", "saturated", "underflow")
 
 
-def _grid(recipe: Recipe, role):
-  if recipe.format == "nvfp4" or recipe.format == "mxfp4":
-    return formats.E2M1
-  return formats.E5M2 if recipe.fp8_dtype_name(role) == "e5m2" else formats.E4M3
-
-
 def _blocks(a_MxK, block):
   m, k = a_MxK.shape
   return jnp.pad(a_MxK, ((0, 0), (0, (-k) % block))).reshape(m, -1, block)
@@ -52,10 +46,10 @@ def operand_stats(x_MxK, recipe: Recipe, role: str, q=None):
   deq = emulated.dequantize_operand(q)
   ref_norm = jnp.sqrt(jnp.sum(ref * ref))
   rel_err = jnp.where(ref_norm > 0, jnp.sqrt(jnp.sum((deq - ref) ** 2)) / jnp.maximum(ref_norm, 1e-38), 0.0)
-  block = emulated.MX_BLOCK if recipe.format in ("mxfp8", "mxfp4") else nvfp4.BLOCK
+  block = emulated.block_size(recipe) or nvfp4.BLOCK
   scale = jnp.broadcast_to(_element_scale(q), ref.shape)
   # A zero scale is an underflow (counted below), not a saturation.
-  clipped = (jnp.abs(ref) > formats.saturation_threshold(_grid(recipe, role)) * scale) & (scale > 0)
+  clipped = (jnp.abs(ref) > formats.saturation_threshold(emulated.element_grid(recipe, role)) * scale) & (scale > 0)
   clipped = _blocks(clipped.astype(jnp.float32), block)
   ref_blocks, deq_blocks = _blocks(ref, block), _blocks(deq, block)
   flushed = jnp.any(ref_blocks != 0, axis=-1) & jnp.all(deq_blocks == 0, axis=-1)
