@@ -172,8 +172,8 @@ def check_quantization_blocks(cfg, mesh_sizes, block_sizes):
                             f"({dims[logical]} over {shards}), not a multiple of the {block}-element quantization "
                             "blocks; use fewer shards on that axis or keep that GEMM in bf16")
     context = mesh_sizes.get("context", 1)
-    tokens_per_shard = cfg.max_target_length // context if context > 1 else cfg.max_target_length
-    if tokens_per_shard % block and context > 1:
+    tokens_per_shard = cfg.max_target_length // context
+    if context > 1 and tokens_per_shard % block:
       raise ShardingError(f"{gemm} GEMM: context parallelism {context} leaves {tokens_per_shard} tokens of each "
                           f"sequence per shard, not a multiple of the {block}-element wgrad blocks; change "
                           "max_target_length or ici/dcn_context_parallelism")

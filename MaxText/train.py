@@ -33,6 +33,11 @@ class UserError(Exception):
   """A mistake the user can fix: printed as one line on stderr, exit code 2."""
 
 
+# Mistakes the user can fix: the CLI prints them as one line and exits 2.
+USER_ERRORS = (config_lib.ConfigError, UserError, data.DataError, data.TokenizerError, checkpointing.CheckpointError,
+               sharding.ShardingError, distributed.DistributedError)
+
+
 def device_memory_gib(cfg, devices):
   """Memory per device for the preflight: hardware_memory_gib, gpu_type, the accelerator's limit, or host RAM."""
   if cfg.hardware_memory_gib > 0:
@@ -235,12 +240,10 @@ def _initial_state(cfg, checkpointer, state):
 
 
 def _sharding_plan(cfg, plan, num_devices, num_processes):
-  """{axis: size} of the mesh, after checking parameters and quantization blocks fit it."""
-  try:
-    mesh_sizes, _, _ = sharding.mesh_shape(cfg, num_devices, num_processes)
-    sharding.check_quantization_blocks(cfg, mesh_sizes, precision.block_sizes(plan))
-  except sharding.ShardingError as e:
-    raise UserError(str(e)) from e
+  """{axis: size} of the mesh, after checking that the parameters (built abstractly) and quantization blocks fit it."""
+  mesh_sizes, _, _ = sharding.mesh_shape(cfg, num_devices, num_processes)
+  sharding.param_specs(_abstract_model(cfg)[1], mesh_sizes)
+  sharding.check_quantization_blocks(cfg, mesh_sizes, precision.block_sizes(plan))
   return mesh_sizes
 
 
@@ -251,10 +254,7 @@ def _abstract_model(cfg):
 def _init_sharded(cfg, mesh):
   """(graphdef, params, rest) created directly in their shardings (nothing materialised whole on one device)."""
   graphdef, abstract_params, abstract_rest = _abstract_model(cfg)
-  try:
-    shardings = sharding.param_shardings(abstract_params, mesh)
-  except sharding.ShardingError as e:
-    raise UserError(str(e)) from e
+  shardings = sharding.param_shardings(abstract_params, mesh)
   replicated = jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract_rest)
 
   def init():
@@ -271,10 +271,7 @@ def _global_batch(batch, batch_sharding):
 
 def train(cfg):
   """Train per `cfg`; returns the per-step losses of the steps this invocation ran."""
-  try:
-    process_index, process_count = distributed.initialize(cfg)
-  except distributed.DistributedError as e:
-    raise UserError(str(e)) from e
+  process_index, process_count = distributed.initialize(cfg)
   devices = jax.devices()
   num_devices, num_processes = (planned_devices(cfg, len(devices)) if cfg.dry_run
                                 else (len(devices), process_count))
@@ -287,11 +284,6 @@ def train(cfg):
   if cfg.high_precision_from_step >= 0:
     print(f"from step {cfg.high_precision_from_step}: every GEMM in bf16")
   if cfg.dry_run:
-    _, abstract_params, _ = _abstract_model(cfg)  # the model builds abstractly and its parameters shard
-    try:
-      sharding.param_specs(abstract_params, mesh_sizes)
-    except sharding.ShardingError as e:
-      raise UserError(str(e)) from e
     fits, need, have, what = memory_check(cfg, mem, devices)
     print(f"memory check: {need:.1f} GiB per device {'fits' if fits else 'does NOT fit'} in {have:.1f} GiB "
           f"({what})")
@@ -327,9 +319,11 @@ def train(cfg):
   # high_precision_from_step, and each of those with telemetry every quantization_stats_period.
   compiled_steps = {}
 
+  plans = {False: plan, True: precision.plan_from_config(cfg, high_precision=True)}
+
   def train_step_for(step):
     high = 0 <= cfg.high_precision_from_step <= step
-    step_plan = precision.plan_from_config(cfg, high_precision=high)
+    step_plan = plans[high]
     stats = step_plan.quantized and cfg.quantization_stats_period > 0 and step % cfg.quantization_stats_period == 0
     if (high, stats) not in compiled_steps:
       compiled_steps[high, stats] = (step_plan, make_train_step(
@@ -408,8 +402,7 @@ def main(argv=None):
   try:
     cfg = config_lib.load(argv[0], argv[1:])
     train(cfg)
-  except (config_lib.ConfigError, UserError, data.DataError, data.TokenizerError,
-          checkpointing.CheckpointError) as e:
+  except USER_ERRORS as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   return 0

@@ -1,4 +1,5 @@
-"""Benchmark modes: "RECIPE[:key=value...]" -> (label, trainer overrides), and running one mode via the trainer.
+"""What the benchmark harnesses share: modes ("RECIPE[:key=value...]" -> trainer overrides), their common
+command-line arguments, running one mode through the trainer, reading its metrics, and the machine record.
 
     bf16                                   quantization=""
     te_nvfp4                               quantization=te_nvfp4
@@ -6,16 +7,40 @@
     te_nvfp4:quantization_scope=all_dense
 """
 
+import argparse
 import json
 import pathlib
+import platform
+import subprocess
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
 
 from MaxText import config, train  # noqa: E402
 
 # Dense BF16 tensor-core peak per GPU (TFLOP/s, no sparsity) from NVIDIA's data sheets, for MFU.
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "B200": 2250.0, "GB200": 2500.0, "B300": 2250.0, "GB300": 2500.0}
+
+
+def argument_parser(doc, default_modes, default_steps):
+  """--config, --modes, --steps; any other key=value argument is a trainer override (parse_known_args)."""
+  parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--config", default="configs/llama3_tiny.yml")
+  parser.add_argument("--modes", type=lambda v: [m for m in v.split(",") if m], default=default_modes,
+                      help="comma-separated, each RECIPE[:key=value...] (default: %(default)s)")
+  parser.add_argument("--steps", type=int, default=default_steps)
+  return parser
+
+
+def machine():
+  """Commit, devices, host and jax version: what every recorded figure names."""
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=pathlib.Path(__file__).parent, check=False).stdout.strip()
+  device = jax.devices()[0]
+  return {"commit": commit or "unknown", "device": f"{len(jax.devices())}x {device.device_kind} ({device.platform})",
+          "host": platform.platform(), "jax": jax.__version__}
 
 
 def parse_mode(mode: str):
@@ -65,6 +90,5 @@ def train_mode(cfg):
   """Train `cfg`; user errors become a one-line exit like the trainer's CLI."""
   try:
     return train.train(cfg)
-  except (config.ConfigError, train.UserError, train.data.DataError, train.data.TokenizerError,
-          train.checkpointing.CheckpointError) as e:
+  except train.USER_ERRORS as e:
     raise SystemExit(f"error: {e}") from e

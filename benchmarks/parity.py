@@ -18,7 +18,6 @@ OUT/parity.md and OUT/parity.png. The table, per mode:
                   over the steps the baseline needs (> 1 = needs more tokens; "> X" = not reached)
 """
 
-import argparse
 import json
 import pathlib
 import sys
@@ -28,7 +27,6 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import modes as modes_lib  # noqa: E402
-from benchmarks.throughput import machine  # noqa: E402
 
 DEFAULT_MODES = ["bf16", "te_fp8_currentscaling", "te_nvfp4", "te_nvfp4_no_rht", "mxfp4",
                  "te_nvfp4:disable_stochastic_rounding=true", "te_nvfp4:disable_2d_quantization=true",
@@ -137,11 +135,7 @@ def run_modes(config_path, overrides, modes, steps, out):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--config", default="configs/llama3_tiny.yml")
-  parser.add_argument("--modes", type=lambda v: [m for m in v.split(",") if m], default=DEFAULT_MODES,
-                      help="comma-separated, each RECIPE[:key=value...] (default: %(default)s)")
-  parser.add_argument("--steps", type=int, default=1000)
+  parser = modes_lib.argument_parser(__doc__, DEFAULT_MODES, default_steps=1000)
   parser.add_argument("--converged", type=float, default=0.3, help="fraction of final steps for the gap")
   parser.add_argument("--out", default="parity_out")
   args, overrides = parser.parse_known_args(argv)
@@ -153,7 +147,7 @@ def main(argv=None):
   out.mkdir(parents=True, exist_ok=True)
   curves, evals = run_modes(args.config, overrides, args.modes, args.steps, out)
   rows = analyse(curves, args.converged)
-  info = machine()
+  info = modes_lib.machine()
   header = (f"parity: {' '.join([args.config, *overrides])}, {args.steps} steps; commit {info['commit']}, "
             f"{info['device']}")
   table = markdown(rows, args.converged)

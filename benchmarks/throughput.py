@@ -9,11 +9,8 @@ first `warmup` steps (compilation) are dropped. Ratio = baseline median step tim
 MFU is against the GPU's dense BF16 peak where the device is a known NVIDIA GPU.
 """
 
-import argparse
 import json
 import pathlib
-import platform
-import subprocess
 import sys
 import tempfile
 
@@ -62,20 +59,8 @@ def markdown(rows):
   return "\n".join(lines)
 
 
-def machine():
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=pathlib.Path(__file__).parent, check=False).stdout.strip()
-  device = jax.devices()[0]
-  return {"commit": commit or "unknown", "device": f"{len(jax.devices())}x {device.device_kind} ({device.platform})",
-          "host": platform.platform(), "jax": jax.__version__}
-
-
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--config", default="configs/llama3_tiny.yml")
-  parser.add_argument("--modes", type=lambda v: [m for m in v.split(",") if m], default=DEFAULT_MODES,
-                      help="comma-separated, each RECIPE[:key=value...] (default: %(default)s)")
-  parser.add_argument("--steps", type=int, default=30)
+  parser = modes_lib.argument_parser(__doc__, DEFAULT_MODES, default_steps=30)
   parser.add_argument("--warmup", type=int, default=5)
   parser.add_argument("--json", default="")
   parser.add_argument("--out", default="", help="run directories (default: a temporary directory)")
@@ -84,7 +69,7 @@ def main(argv=None):
     raise SystemExit("error: --steps must be > 0 and --warmup >= 1 (the first step compiles)")
   with tempfile.TemporaryDirectory() as tmp:
     rows = measure(args.config, overrides, args.modes, args.steps, args.warmup, args.out or tmp)
-  info = machine()
+  info = modes_lib.machine()
   print(f"\nthroughput: {' '.join([args.config, *overrides])} ({args.steps} steps after {args.warmup} warm-up; "
         f"commit {info['commit']}, {info['device']})\n")
   print(markdown(rows))

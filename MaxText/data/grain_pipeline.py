@@ -29,7 +29,7 @@ def _array_record_source(pattern, what):
   if not pattern or not paths:
     raise DataError(f"{what}={pattern!r} matches no files; run scripts/prepare_data.py or fix the glob")
   for path in paths:
-    if not grain.sources.ArrayRecordDataSource([path]).__len__():
+    if not len(grain.sources.ArrayRecordDataSource([path])):
       raise DataError(f"{what}: {path} holds no records; remove it or regenerate the shards")
   return grain.sources.ArrayRecordDataSource(paths)
 
@@ -114,9 +114,7 @@ class GrainIterator(DataIterator):
   def __next__(self) -> Batch:
     try:
       return next(self._iter)
-    except DataError:
-      raise
-    except StopIteration:
+    except (DataError, StopIteration):
       raise
     except Exception as e:  # grain re-raises a worker's error wrapped; keep ours readable
       cause = e
