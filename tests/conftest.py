@@ -1,5 +1,6 @@
 """Shared test fixtures: repo paths and the golden NVFP4 cases."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -25,6 +26,12 @@ def golden_params(kind):
   if not cases:
     return [pytest.param(None, marks=pytest.mark.skip(reason=f"no golden data under {GOLDEN}"))]
   return [pytest.param(c, id=c[0]) for c in cases]
+
+
+def division_modes():
+  """Parameters for tests that must hold with IEEE f32 division and with an NVIDIA GPU's (one ulp off)."""
+  from tests.quantization.gpu_division import gpu_like_division  # pylint: disable=import-outside-toplevel
+  return [pytest.param(contextlib.nullcontext, id="ieee_div"), pytest.param(gpu_like_division, id="gpu_like_div")]
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,126 @@
-"""Exact round-to-nearest-even and stochastic rounding onto the low-precision grids (E2M1, E4M3, E5M2, E8M0)."""
+"""Exact rounding onto the low-precision grids (E2M1, E4M3, E5M2, E8M0) and the f32 arithmetic it needs.
+
+Backend independence: every result here is a function of the input bits alone, the same on CPU
+and on NVIDIA GPUs. Quantization uses only operations IEEE 754 and XLA define exactly on every
+backend: integer arithmetic, bit casts, comparisons, max/min/abs, f32 add/sub/mul (correctly
+rounded in hardware), and multiplications by exact powers of two. It never uses f32 division,
+reciprocal, pow/exp2 or an f32 -> narrow-float convert, whose rounding is the backend's choice
+(XLA lowers f32 division on NVIDIA GPUs to `div.full.f32`, up to 2 ulp off, and rewrites x / c
+into x * (1/c) everywhere). Instead: `div_rn` divides by integer long division of the mantissas,
+`exp2i` builds powers of two from the exponent field, `round_to_bf16` rounds on the bits, and the
+grid roundings scale by exact powers of two and use round/floor (exact by definition). FMA
+contraction can't change a result either: every product that feeds an addition is exact.
+Outside the guarantee: f32 subnormal inputs, which XLA on CPU flushes to zero in float ops.
+"""
 
 import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 FLT_MAX = float(jnp.finfo(jnp.float32).max)
+_SIGN_BIT = np.uint32(0x80000000)
+_ABS_MASK = np.uint32(0x7FFFFFFF)
+_INF_BITS = np.uint32(0x7F800000)
+_NAN_BITS = np.uint32(0x7FC00000)
+
+
+def f32_bits(x):
+  """The IEEE bits of f32 `x` as uint32."""
+  return jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
+
+
+def f32_from_bits(bits):
+  return jax.lax.bitcast_convert_type(jnp.asarray(bits, jnp.uint32), jnp.float32)
+
+
+def exponent_field(x):
+  """floor(log2|x|) for normal f32 x, exactly (from the bits); -127 for zero and subnormals."""
+  return ((f32_bits(x) >> 23) & 0xFF).astype(jnp.int32) - 127
+
+
+@jax.jit
+def exp2i(e):
+  """2**e as f32 for integer e in [-149, 127], built from the bits (exact; e outside is clamped)."""
+  e = jnp.asarray(e, jnp.int32)
+  normal = jnp.clip(e + 127, 1, 254).astype(jnp.uint32) << 23
+  subnormal = jnp.uint32(1) << jnp.clip(e + 149, 0, 22).astype(jnp.uint32)
+  return f32_from_bits(jnp.where(e >= -126, normal, subnormal))
+
+
+def _mantissa_and_exponent(bits):
+  """(m, e) with |x| = m * 2**e and m in [2**23, 2**24) for finite nonzero x (subnormals normalised)."""
+  field = ((bits >> 23) & 0xFF).astype(jnp.int32)
+  fraction = bits & 0x7FFFFF
+  m = jnp.where(field == 0, fraction, fraction | 0x800000)
+  shift = jax.lax.clz(m).astype(jnp.int32) - 8  # 0 for normals
+  return m << jnp.maximum(shift, 0).astype(jnp.uint32), jnp.maximum(field, 1) - 150 - shift
+
+
+@jax.jit
+def div_rn(a, b):
+  """a / b in f32, correctly rounded to nearest-even (IEEE 754, subnormals and specials included).
+
+  From the bits by integer long division of the 24-bit mantissas (8 quotient bits per uint32
+  step), so it is the same on every backend whatever its own division does.
+  """
+  a_bits, b_bits = jnp.broadcast_arrays(f32_bits(a), f32_bits(b))
+  sign = (a_bits ^ b_bits) & _SIGN_BIT
+  a_abs, b_abs = a_bits & _ABS_MASK, b_bits & _ABS_MASK
+  ma, ea = _mantissa_and_exponent(a_bits)
+  mb, eb = _mantissa_and_exponent(b_bits)
+  below = ma < mb  # make the mantissa quotient lie in [1, 2)
+  ma = jnp.where(below, ma << 1, ma)
+  e = ea - eb - below.astype(jnp.int32)  # weight of the quotient's leading bit
+  q = jnp.ones_like(ma)
+  r = ma - mb
+  for _ in range(3):  # r < mb < 2**24, so r << 8 fits in uint32
+    r = r << 8
+    digit = r // jnp.maximum(mb, 1)
+    r = r - digit * mb
+    q = (q << 8) | digit
+  # q in [2**24, 2**25): 25 quotient bits; the exact quotient is (q + r/mb) * 2**(e - 24).
+  shift = jnp.clip(-125 - e, 1, 26).astype(jnp.uint32)  # 1 for normal results, more for subnormals
+  kept = q >> shift
+  dropped = q & ((jnp.uint32(1) << shift) - 1)
+  half = jnp.uint32(1) << (shift - 1)
+  round_up = (dropped > half) | ((dropped == half) & ((r != 0) | ((kept & 1) == 1)))
+  kept = kept + round_up.astype(jnp.uint32)
+  # kept carries the implicit bit, so adding it bumps the exponent field by one (and a carry out
+  # of the mantissa rounds up into the next binade); subnormals have exponent field 0.
+  magnitude = (jnp.clip(e + 126, 0, 253).astype(jnp.uint32) << 23) + kept
+  magnitude = jnp.where(e > 127, _INF_BITS, magnitude)
+  a_nan, b_nan = a_abs > _INF_BITS, b_abs > _INF_BITS
+  a_inf, b_inf = a_abs == _INF_BITS, b_abs == _INF_BITS
+  a_zero, b_zero = a_abs == 0, b_abs == 0
+  magnitude = jnp.where(a_inf | b_zero, _INF_BITS, jnp.where(a_zero | b_inf, 0, magnitude))
+  out = jnp.where(a_nan | b_nan | (a_inf & b_inf) | (a_zero & b_zero), _NAN_BITS, sign | magnitude)
+  return f32_from_bits(out)
+
+
+def materialize(*arrays):
+  """The same 32-bit arrays (f32 / int32 / uint32), computed once where XLA would otherwise recompute them
+  inside each consumer.
+
+  XLA fuses cheap producers into every consumer that reads them, so per-block and per-tensor scales
+  (dozens of integer ops each) would be recomputed for every element of a block. It never fuses a
+  division that way, so each array's bits pass through an integer division by a 1 that the compiler
+  can't see is 1 (the sign bit of a value cleared by abs, plus one): exact, and a fusion boundary.
+  """
+  as_bits = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint32)
+  one = (as_bits(jnp.abs(arrays[0].ravel()[0])) >> 31) + 1
+  return tuple(jax.lax.bitcast_convert_type(as_bits(a) // one, a.dtype) for a in arrays)
+
+
+@jax.jit
+def round_to_bf16(x):
+  """f32 -> bfloat16, round to nearest-even on the bits (NaN stays NaN, overflow -> inf)."""
+  bits = f32_bits(x)
+  rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+  bits = jnp.where((bits & _ABS_MASK) > _INF_BITS, bits | 0x400000, rounded) & np.uint32(0xFFFF0000)
+  return f32_from_bits(bits).astype(jnp.bfloat16)  # exact: the low 16 bits are zero
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,45 +138,57 @@ E4M3 = FloatGrid("e4m3", 3, -6, 448.0, jnp.float8_e4m3fn)
 E5M2 = FloatGrid("e5m2", 2, -14, 57344.0, jnp.float8_e5m2)
 
 
-def _quantum(abs_x, grid: FloatGrid):
-  """Spacing of `grid` around |x| (power of two), computed exactly from the f32 exponent."""
-  _, exp = jnp.frexp(abs_x)  # abs_x = m * 2**exp with m in [0.5, 1)
-  exponent = jnp.maximum(exp - 1, grid.min_exponent)
-  return jnp.ldexp(jnp.ones_like(abs_x), exponent - grid.mantissa_bits)
+def _quantum_exponent(abs_x, grid: FloatGrid):
+  """log2 of the spacing of `grid` around |x| (an integer), exactly from the f32 exponent field."""
+  return jnp.maximum(exponent_field(abs_x), grid.min_exponent) - grid.mantissa_bits
 
 
 def saturation_threshold(grid: FloatGrid):
   """Magnitudes above max + half the top spacing are clipped, not merely rounded, when saturating."""
-  _, exp = math.frexp(grid.max_value)  # the top binade's spacing, as _quantum computes it (in Python: static)
+  _, exp = math.frexp(grid.max_value)  # the top binade's spacing, as _quantum_exponent computes it (static)
   return grid.max_value + 0.5 * 2.0 ** (max(exp - 1, grid.min_exponent) - grid.mantissa_bits)
 
 
 def round_to_grid(x, grid: FloatGrid):
   """Round f32 `x` to nearest-even on `grid`, saturating at ±max; NaN stays NaN. Returns f32.
 
-  Done in f32 with exact power-of-two arithmetic rather than a dtype cast, because XLA's
-  f32 -> fp8/fp4 converts are not guaranteed single-rounding on every backend.
+  |x| times the inverse spacing (a power of two: exact), rounded half-to-even, times the spacing
+  (exact), rather than a dtype cast: XLA's f32 -> fp8/fp4 converts are not guaranteed
+  single-rounding on every backend.
   """
   x = x.astype(jnp.float32)
   abs_x = jnp.minimum(jnp.abs(x), grid.max_value)
-  q = _quantum(abs_x, grid)
-  rounded = jnp.minimum(jnp.round(abs_x / q) * q, grid.max_value)  # jnp.round is half-to-even
+  e = _quantum_exponent(abs_x, grid)
+  rounded = jnp.minimum(jnp.round(abs_x * exp2i(-e)) * exp2i(e), grid.max_value)
   return jnp.where(jnp.isnan(x), x, jnp.copysign(rounded, x))
 
 
 def stochastic_round_to_grid(x, grid: FloatGrid, key):
   """Round f32 `x` up or down to one of its two neighbours on `grid` with probability by distance.
 
-  Unbiased inside the range (E[q(x)] = x); saturates at ±max like round_to_grid.
+  Unbiased inside the range up to the draw's 16-bit resolution (|E[q(x)] - x| <= 2**-17 of a grid
+  step); saturates at ±max like round_to_grid. The draws are bit-identical on every backend: threefry
+  bits, each 32-bit word split into two 16-bit uniforms (the threefry hash is most of the cost of
+  quantizing a gradient on CPU, and 16 bits is far finer than the step it rounds within).
   """
   x = x.astype(jnp.float32)
   abs_x = jnp.minimum(jnp.abs(x), grid.max_value)
-  q = _quantum(abs_x, grid)
-  lower = jnp.floor(abs_x / q) * q
-  frac = (abs_x - lower) / q  # in [0, 1): exact, lower and q are on the grid
-  u = jax.random.uniform(key, x.shape, jnp.float32)
+  e = _quantum_exponent(abs_x, grid)
+  q, inv_q = exp2i(e), exp2i(-e)
+  lower = jnp.floor(abs_x * inv_q) * q
+  frac = (abs_x - lower) * inv_q  # in [0, 1): exact, lower and q are on the grid
+  u = _uniform16(key, x.shape)
   rounded = jnp.minimum(lower + jnp.where(u < frac, q, 0.0), grid.max_value)
   return jnp.where(jnp.isnan(x), x, jnp.copysign(rounded, x))
+
+
+def _uniform16(key, shape):
+  """Uniforms (r + 0.5) / 2**16, r a 16-bit draw (exact in f32), two per threefry word."""
+  n = math.prod(shape)
+  words = jax.random.bits(key, ((n + 1) // 2,), jnp.uint32)
+  # [low halves; high halves] by a broadcast shift, not a concatenate (which stops XLA:CPU vectorizing)
+  halves = (words[None, :] >> np.array([[0], [16]], np.uint32)) & np.uint32(0xFFFF)
+  return ((halves.astype(jnp.float32) + 0.5) * 2.0 ** -16).ravel()[:n].reshape(shape)
 
 
 def cast_exact(x_on_grid, grid: FloatGrid):
@@ -70,13 +196,16 @@ def cast_exact(x_on_grid, grid: FloatGrid):
   return x_on_grid.astype(grid.dtype)
 
 
-def e8m0_scale_at_least(ratio):
-  """Smallest power of two >= ratio, exponent clamped to E8M0's [-127, 127]; 1 where ratio is 0.
+def e8m0_exponent_at_least(ratio):
+  """log2 of the smallest power of two >= ratio >= 0, clamped to E8M0's [-127, 127]; 0 (scale 1) where
+  ratio is 0 or not finite. From the bits: exact powers of two keep their exponent.
 
   The MX block-scale rule TE's reference uses (ceil of log2), so no element of a block saturates.
   """
-  ratio = ratio.astype(jnp.float32)
-  mantissa, exp = jnp.frexp(ratio)
-  exponent = jnp.where(mantissa == 0.5, exp - 1, exp)  # exact powers of two keep their exponent
-  exponent = jnp.clip(exponent, -127, 127)
-  return jnp.where(ratio > 0, jnp.ldexp(jnp.ones_like(ratio), exponent), 1.0)
+  bits = f32_bits(ratio) & _ABS_MASK
+  field = (bits >> 23).astype(jnp.int32)
+  fraction = bits & 0x7FFFFF
+  normal = field - 127 + (fraction != 0).astype(jnp.int32)
+  subnormal = jnp.where(fraction <= 0x400000, -127, -126)  # ratio <= 2**-127, or in (2**-127, 2**-126)
+  exponent = jnp.clip(jnp.where(field == 0, subnormal, normal), -127, 127)
+  return jnp.where((bits == 0) | (bits >= _INF_BITS), 0, exponent)

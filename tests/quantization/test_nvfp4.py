@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from MaxText.quantization import nvfp4
-from tests.conftest import golden_params
+from tests.conftest import division_modes, golden_params
 
 E2M1_GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
 
@@ -15,21 +15,24 @@ def _f32(a):
   return np.asarray(jnp.asarray(a).astype(jnp.float32))
 
 
+@pytest.mark.parametrize("division", division_modes())
 @pytest.mark.parametrize("case", golden_params("quantize"))
-@pytest.mark.parametrize("side", ["row", "col"])
-def test_quantize_bit_exact_with_te_reference(case, side):
+def test_quantize_bit_exact_with_te_reference(case, division):
+  """Both sides of every case, with IEEE f32 division and with a GPU's (see gpu_division.py)."""
   _, meta, d = case
-  x = d["x"] if side == "row" else d["x"].T
-  rht = meta["rht"] and side == "col"
-  q = nvfp4.quantize(jnp.asarray(x), tile=tuple(meta["tile"]), rht=rht)
-  assert q.values.dtype == jnp.float4_e2m1fn and q.scales.dtype == jnp.float8_e4m3fn
-  assert q.scales.shape == (x.shape[0], x.shape[1] // 16)
-  np.testing.assert_array_equal(_f32(q.values), d[f"{side}_values"])  # +0 == -0 as numbers
-  np.testing.assert_array_equal(_f32(q.scales), d[f"{side}_scales"])
-  assert float(q.amax) == float(d[f"{side}_amax"])
-  np.testing.assert_array_equal(np.asarray(nvfp4.dequantize(q)), d[f"{side}_dequant"])
-  if rht:
-    np.testing.assert_array_equal(_f32(nvfp4.hadamard16(jnp.asarray(x))), d["col_input"])
+  with division():
+    for side in ("row", "col"):
+      x = d["x"] if side == "row" else d["x"].T
+      rht = meta["rht"] and side == "col"
+      q = nvfp4.quantize(jnp.asarray(x), tile=tuple(meta["tile"]), rht=rht)
+      assert q.values.dtype == jnp.float4_e2m1fn and q.scales.dtype == jnp.float8_e4m3fn
+      assert q.scales.shape == (x.shape[0], x.shape[1] // 16)
+      np.testing.assert_array_equal(_f32(q.values), d[f"{side}_values"], err_msg=side)  # +0 == -0 as numbers
+      np.testing.assert_array_equal(_f32(q.scales), d[f"{side}_scales"], err_msg=side)
+      assert float(q.amax) == float(d[f"{side}_amax"])
+      np.testing.assert_array_equal(np.asarray(nvfp4.dequantize(q)), d[f"{side}_dequant"], err_msg=side)
+      if rht:
+        np.testing.assert_array_equal(_f32(nvfp4.hadamard16(jnp.asarray(x))), d["col_input"])
 
 
 def test_hand_computed_block():

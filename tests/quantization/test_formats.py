@@ -1,0 +1,94 @@
+"""Exact f32 arithmetic from the bits (division, powers of two, bf16 rounding) and backend-independent quantizers."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from MaxText.quantization import RECIPES, delayed, emulated, formats, get_recipe, nvfp4, qmatmul
+from tests.quantization.gpu_division import gpu_like_division
+
+
+def _random_f32(rng, n):
+  """Uniform over all f32 bit patterns: every binade, subnormals, infs and NaNs."""
+  return rng.integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+
+
+def _same_bits(got, want):
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  return (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+
+
+def test_div_rn_is_ieee_division_bit_for_bit():
+  rng = np.random.default_rng(0)
+  n = 200_000
+  specials = np.array([0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -3e-42, 1.1754942e-38, 1.1754944e-38,
+                       formats.FLT_MAX, 1, 6, 448, 2688, 3.0], np.float32)
+  sa, sb = (s.ravel() for s in np.meshgrid(specials, specials))
+  typical = (rng.standard_normal((2, n)) * rng.lognormal(0, 8, (2, n))).astype(np.float32)
+  a = np.concatenate([_random_f32(rng, n), typical[0], sa, np.full(n, 2688, np.float32)])
+  b = np.concatenate([_random_f32(rng, n), typical[1], sb, np.minimum(rng.lognormal(0, 30, n), 3e38).astype(np.float32)])
+  with np.errstate(all="ignore"):
+    want = a / b  # numpy: IEEE round-to-nearest-even, subnormals kept
+  got = formats.div_rn(a, b)
+  assert np.all(_same_bits(got, want))
+  assert np.sum((want != 0) & (np.abs(want) < 1.1754944e-38)) > 1000  # subnormal quotients were covered
+
+
+def test_div_rn_ignores_how_the_backend_divides():
+  a, b = np.float32([2688.0, 1.0, 7.0]), np.float32([3.3e-5, 0.1, 448.0])
+  with gpu_like_division():
+    got = formats.div_rn(a, b)
+  assert np.all(_same_bits(got, a / b))
+
+
+def test_round_to_bf16_exp2i_and_exponents_from_bits():
+  rng = np.random.default_rng(1)
+  x = np.concatenate([_random_f32(rng, 100_000), np.float32([0.0, -0.0, 1.00390625, 1.01171875, 3.3961e38])])
+  x = x[np.isfinite(x)]
+  want = x.astype(ml_dtypes.bfloat16).astype(np.float32)  # round to nearest-even
+  assert np.all(_same_bits(np.asarray(formats.round_to_bf16(x)).astype(np.float32), want))
+  e = np.arange(-149, 128)
+  np.testing.assert_array_equal(formats.exp2i(e), np.ldexp(np.float32(1), e).astype(np.float32))
+  np.testing.assert_array_equal(formats.exponent_field(np.float32([1, 1.5, 2, 6, 448, 1e-38])),
+                                [0, 0, 1, 2, 8, -127])
+  ratios = np.float32([0, 1, 0.75, 2 ** -127, 2 ** -126, 1.5 * 2 ** -127, 2 ** 126, np.inf])
+  np.testing.assert_array_equal(formats.e8m0_exponent_at_least(ratios), [0, 0, 0, -127, -126, -126, 126, 0])
+
+
+def _operand(key, shape):
+  """Lognormal magnitudes with a few large outliers: spread over many binades, blocks of every scale."""
+  k1, k2, k3 = jax.random.split(key, 3)
+  x = jax.random.normal(k1, shape) * jnp.exp(2.0 * jax.random.normal(k2, shape))
+  return jnp.where(jax.random.uniform(k3, shape) < 0.01, x * 300, x).astype(jnp.bfloat16)
+
+
+def _everything_a_recipe_computes(name):
+  """Every quantized operand (data and scales as f32) and the linear layer's y, dx, dw, as one flat list."""
+  kx, kw, kd = jax.random.split(jax.random.key(7), 3)
+  x, w, dy = _operand(kx, (64, 64)), _operand(kw, (64, 32)).astype(jnp.float32), _operand(kd, (64, 32))
+  recipe = get_recipe(name)
+  operands = {"x": x, "w": w.T, "dy": dy, "w_t": w, "x_t": x.T, "dy_t": dy.T}
+  out = []
+  if recipe.stateful:
+    history = delayed.init_history(recipe).at[:, 0].set(jnp.float32([0.7, 3.1, 41.0]))
+    y, vjp = jax.vjp(lambda x, w, h: delayed.qmatmul_delayed(x, w, recipe, h), x, w, history)
+    return out + [y, *vjp(dy)]
+  for role, operand in operands.items():
+    q = emulated.quantize_operand(operand, recipe, role, jax.random.key(3))
+    if isinstance(q, nvfp4.NVFP4Tensor):
+      out += [q.values.astype(jnp.float32), q.scales.astype(jnp.float32), nvfp4.dequantize(q)]
+    else:
+      out += [q.data.astype(jnp.float32), q.scale, emulated.dequantize_operand(q)]
+  y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=jax.random.key(5)), x, w)
+  return out + [y, *vjp(dy)]
+
+
+@pytest.mark.parametrize("name", [n for n, r in RECIPES.items() if r.quantized])
+def test_every_quantizer_gives_the_same_bits_with_gpu_like_division(name):
+  ieee = jax.jit(_everything_a_recipe_computes, static_argnums=0)(name)
+  with gpu_like_division():
+    gpu = jax.jit(_everything_a_recipe_computes, static_argnums=0)(name)
+  for i, (a, b) in enumerate(zip(ieee, gpu)):
+    assert np.all(_same_bits(a, b)), f"{name}: output {i} differs"
