@@ -3,6 +3,8 @@
 import dataclasses
 import math
 
+from MaxText import quantization
+
 GIB = 2 ** 30
 
 
@@ -68,8 +70,10 @@ def activation_bytes(cfg, micro_batch_per_device) -> float:
 
   Assumes: remat 'full' keeps each layer's input (L x B x T x D) plus one layer's working set;
   'minimal' also keeps the GEMM outputs (q, k, v, attention out, gate, up: T x (H+2KV)Dh + T x D
-  + 2 T x F per layer); 'none' additionally keeps norms, activations and the XLA attention
-  probabilities (f32 B x H x T x T). Plus f32 logits and their gradient (2 x 4 B T V).
+  + 2 T x F per layer); '_with_context' the attention output (T x H Dh); '_with_quantization' the
+  quantized operands the backward reuses (see quantized_residual_bytes); 'none' keeps norms,
+  activations and the XLA attention probabilities (f32 B x H x T x T) instead. Plus f32 logits and
+  their gradient (2 x 4 B T V).
   """
   b, t = micro_batch_per_device, cfg.max_target_length
   d, f, h, kv, dh = cfg.base_emb_dim, cfg.base_mlp_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
@@ -78,10 +82,32 @@ def activation_bytes(cfg, micro_batch_per_device) -> float:
   gemm_outputs = tokens * ((h + 2 * kv) * dh + h * dh + d + 2 * f) * act
   scores = 0 if cfg.attention == "cudnn_flash" else b * h * t * t * 4
   working_set = gemm_outputs + 4 * tokens * d * act + scores + tokens * f * act
-  per_layer = {"full": tokens * d * act, "minimal": tokens * d * act + gemm_outputs,
-               "none": working_set}[cfg.remat_policy]
+  policy = cfg.remat_policy
+  if policy in ("none", "full"):
+    per_layer = working_set if policy == "none" else tokens * d * act
+  else:
+    per_layer = tokens * d * act + gemm_outputs
+    per_layer += tokens * h * dh * act if "context" in policy else 0
+    per_layer += quantized_residual_bytes(cfg, tokens) if "quantization" in policy else 0
   logits = 2 * tokens * cfg.vocab_size * 4
   return cfg.base_num_decoder_layers * per_layer + working_set + logits
+
+
+def quantized_residual_bytes(cfg, tokens) -> float:
+  """Bytes per layer of the quantized operands kept for the backward GEMMs (remat '_with_quantization'):
+  per-tensor FP8 keeps x (1 byte per element) and the weight (1 byte per parameter); NVFP4 with 16x16
+  weight tiles keeps the weight's block-scaled values (bf16, 2 bytes per parameter, unsharded)."""
+  d, f, h, kv, dh = cfg.base_emb_dim, cfg.base_mlp_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
+  attention_name = cfg.quantization if cfg.quantization_scope == "all_dense" else cfg.attention_quantization
+  gemms = [(cfg.quantization, d, f)] * len(cfg.mlp_activations) + [(cfg.quantization, f, d)]
+  gemms += [(attention_name, d, (h + 2 * kv) * dh), (attention_name, h * dh, d)]
+  total = 0.0
+  for name, k, n in gemms:
+    recipe = quantization.get_recipe(name)
+    bytes_per_weight = 1 if recipe.shares_transpose("x") else 2
+    total += tokens * k if recipe.shares_transpose("x") else 0
+    total += k * n * bytes_per_weight if recipe.shares_transpose("w") else 0
+  return total
 
 
 def memory_per_device(cfg, mesh_sizes, micro_batch_size) -> MemoryEstimate:

@@ -33,6 +33,11 @@ SCHEMA = {
     "dry_run": Key(bool, False, "build the model abstractly, print the summary and memory estimate, exit"),
     "enable_tensorboard": Key(bool, True, "write TensorBoard event files next to the JSONL metrics"),
     "hardware_memory_gib": Key(float, 0.0, "memory per device for the preflight check (0 = ask the device)"),
+    "profiler": Key(str, "", "'' (off), xplane (XProf trace of the profiled steps under run_dir/tensorboard, for "
+                    "TensorBoard or Perfetto, plus a printed device-time breakdown) or nsys (cudaProfilerStart/Stop "
+                    "around them, for nsys profile --capture-range=cudaProfilerApi)", ("", "xplane", "nsys")),
+    "skip_first_n_steps_for_profiler": Key(int, 1, "profile from this step on (skips compilation)"),
+    "profiler_steps": Key(int, 5, "number of steps to profile"),
     # -- batch
     "per_device_batch_size": Key(float, 1.0, "sequences per device per step (global batch = this x devices)"),
     "max_target_length": Key(int, 2048, "sequence length in tokens"),
@@ -88,7 +93,11 @@ SCHEMA = {
     "rope_high_freq_factor": Key(float, 4.0, "llama3.1 RoPE: high-frequency factor"),
     "rope_original_max_position": Key(int, 8192, "llama3.1 RoPE: original context length"),
     "scan_layers": Key(bool, True, "run the decoder layers with lax.scan (one compiled layer)"),
-    "remat_policy": Key(str, "full", "activation rematerialization per layer", ("none", "minimal", "full")),
+    "remat_policy": Key(str, "full", "activation rematerialization per layer: none, full (recompute the layer), "
+                        "minimal (keep the q/k/v/o and MLP GEMM outputs), +_with_context (and the attention "
+                        "output), +_with_quantization (and the quantized operands the backward GEMMs reuse)",
+                        ("none", "minimal", "minimal_with_context", "minimal_with_quantization",
+                         "minimal_with_context_and_quantization", "full")),
     "attention": Key(str, "dot_product", "attention kernel: XLA dot_product, or cuDNN flash on GPU",
                      ("dot_product", "cudnn_flash")),
     # -- distribution
@@ -238,10 +247,10 @@ def _validate(c):
       raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
   if c.per_device_batch_size <= 0:
     raise ConfigError(f"per_device_batch_size={c.per_device_batch_size} must be > 0")
-  for name in ("eval_interval", "grain_worker_count"):
+  for name in ("eval_interval", "grain_worker_count", "skip_first_n_steps_for_profiler"):
     if getattr(c, name) < 0:
       raise ConfigError(f"{name}={getattr(c, name)} must be >= 0")
-  for name in ("eval_steps", "checkpoint_period", "grain_max_pieces_per_document"):
+  for name in ("eval_steps", "checkpoint_period", "grain_max_pieces_per_document", "profiler_steps"):
     if getattr(c, name) <= 0:
       raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
   if c.max_num_checkpoints_to_keep < 0:

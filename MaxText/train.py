@@ -16,15 +16,13 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from MaxText import (accounting, checkpointing, config as config_lib, data, distributed, metrics, optimizer,
-                     precision, sharding)
-from MaxText.model.decoder import GEMMS, Transformer
-from MaxText.quantization import stats as quant_stats
+                     precision, profiling, sharding, train_step)
+from MaxText.model.decoder import Transformer
 
 log = logging.getLogger("MaxText")
 
@@ -101,58 +99,6 @@ def preflight(cfg, mem, devices):
         "max_target_length, or remat_policy=full (or set hardware_memory_gib)")
 
 
-def loss_terms(model, batch, layer_precisions, key, stats_sinks=None):
-  """(sum of weighted token cross-entropies, sum of weights) for one micro-batch."""
-  logits = model(batch["inputs"], batch["positions"], batch["segment_ids"], layer_precisions=layer_precisions,
-                 key=key, stats_sinks=stats_sinks)
-  xent = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
-  return jnp.sum(xent * batch["weights"]), jnp.sum(batch["weights"])
-
-
-def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0, state_shardings=None):
-  """The jitted step: gradient accumulation over micro-batches, clipping and AdamW (state donated).
-
-  With `num_layers` > 0 the step also returns quantization telemetry ("quant_stats": {gemm:
-  [layers, roles, stats]}, averaged over micro-batches) through zero sinks' gradients.
-  """
-  sinks = {g: jnp.zeros((num_layers, len(quant_stats.ROLES), len(quant_stats.STATS))) for g in GEMMS}
-
-  def micro_grads(params, rest, micro_batch, key):
-    """Loss terms and gradients w.r.t. the parameters, `rest` (the amax histories: their gradient is the
-    new history) and the telemetry sinks (their gradient is the stats)."""
-    def loss_sum(p, r, s):
-      return loss_terms(nnx.merge(graphdef, p, r), micro_batch, plan.layer_ranges, key, s or None)
-    return jax.value_and_grad(loss_sum, argnums=(0, 1, 2), has_aux=True)(params, rest, sinks if num_layers else {})
-
-  def step_fn(params, rest, opt_state, batch, step):
-    step_key = jax.random.fold_in(jax.random.key(seed), step)
-    micro = jax.tree.map(lambda a: a.reshape(accumulation_steps, -1, *a.shape[1:]), batch)
-
-    def accumulate(carry, xs):
-      micro_batch, index = xs
-      acc_xent, acc_weight, acc_grads, acc_stats, rest = carry
-      (xent, weight), (grads, new_rest, stats) = micro_grads(params, rest, micro_batch,
-                                                             jax.random.fold_in(step_key, index))
-      # Each micro-batch quantizes with the histories the previous one left (TE's behaviour).
-      return (acc_xent + xent, acc_weight + weight, jax.tree.map(jnp.add, acc_grads, grads),
-              jax.tree.map(jnp.add, acc_stats, stats), new_rest), None
-
-    zeros = jax.tree.map(jnp.zeros_like, (params, sinks if num_layers else {}))
-    (xent, weights, grads, stats, rest), _ = jax.lax.scan(accumulate, (0.0, 0.0, *zeros, rest),
-                                                          (micro, jnp.arange(accumulation_steps)))
-    grads = jax.tree.map(lambda g: g / jnp.maximum(weights, 1.0), grads)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    step_metrics = {"loss": xent / jnp.maximum(weights, 1.0), "total_weights": weights,
-                    "grad_norm": optax.tree.norm(grads)}
-    if num_layers:
-      step_metrics["quant_stats"] = jax.tree.map(lambda s: s / accumulation_steps, stats)
-    return params, rest, opt_state, step_metrics
-
-  out_shardings = None if state_shardings is None else (state_shardings[0], None, state_shardings[1], None)
-  return jax.jit(step_fn, donate_argnums=(0, 2), out_shardings=out_shardings)
-
-
 def run_dir(cfg):
   name = cfg.run_name or datetime.datetime.now().strftime("run_%Y%m%d_%H%M%S")
   return os.path.join(cfg.base_output_directory, name)
@@ -177,13 +123,6 @@ class _Preemption:
   def __exit__(self, *exc):
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
-
-
-def make_eval_step(graphdef, plan):
-  """Jitted (sum of token losses, sum of weights) of one batch under the plan's forward numerics."""
-  def eval_fn(params, rest, batch):
-    return loss_terms(nnx.merge(graphdef, params, rest), batch, plan.layer_ranges, jax.random.key(0))
-  return jax.jit(eval_fn)
 
 
 def evaluate(cfg, run_shape, eval_step, params, rest, batch_sharding):
@@ -242,18 +181,19 @@ def _initial_state(cfg, checkpointer, state):
 def _sharding_plan(cfg, plan, num_devices, num_processes):
   """{axis: size} of the mesh, after checking that the parameters (built abstractly) and quantization blocks fit it."""
   mesh_sizes, _, _ = sharding.mesh_shape(cfg, num_devices, num_processes)
-  sharding.param_specs(_abstract_model(cfg)[1], mesh_sizes)
+  sharding.param_specs(abstract_model(cfg)[1], mesh_sizes)
   sharding.check_quantization_blocks(cfg, mesh_sizes, precision.block_sizes(plan))
   return mesh_sizes
 
 
-def _abstract_model(cfg):
+def abstract_model(cfg):
+  """(graphdef, params, rest) of the model with shapes only (nothing allocated)."""
   return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(cfg.seed))), nnx.Param, ...)
 
 
 def _init_sharded(cfg, mesh):
   """(graphdef, params, rest) created directly in their shardings (nothing materialised whole on one device)."""
-  graphdef, abstract_params, abstract_rest = _abstract_model(cfg)
+  graphdef, abstract_params, abstract_rest = abstract_model(cfg)
   shardings = sharding.param_shardings(abstract_params, mesh)
   replicated = jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract_rest)
 
@@ -326,16 +266,17 @@ def train(cfg):
     step_plan = plans[high]
     stats = step_plan.quantized and cfg.quantization_stats_period > 0 and step % cfg.quantization_stats_period == 0
     if (high, stats) not in compiled_steps:
-      compiled_steps[high, stats] = (step_plan, make_train_step(
+      compiled_steps[high, stats] = (step_plan, train_step.make_train_step(
           graphdef, tx, step_plan, cfg.gradient_accumulation_steps, cfg.seed,
           num_layers=cfg.base_num_decoder_layers if stats else 0, state_shardings=state_shardings))
     return compiled_steps[high, stats]
 
-  eval_step = make_eval_step(graphdef, plan) if cfg.eval_interval else None
+  eval_step = train_step.make_eval_step(graphdef, plan) if cfg.eval_interval else None
   flops = accounting.training_flops_per_device(cfg)
   schedule = optimizer.learning_rate_schedule(cfg)
   writer = metrics.MetricsWriter(out_dir, tensorboard=cfg.enable_tensorboard, flush_period=cfg.log_period,
                                  enabled=process_index == 0)
+  profiler = profiling.Profiler(cfg, out_dir, enabled=process_index == 0)
   losses = []
   step = start_step
 
@@ -343,33 +284,42 @@ def train(cfg):
     if checkpointer is not None:
       checkpointer.save(step, _train_state(params, rest, opt_state), _data_states(data_iter), force=force)
 
+  def log_step(logged_step, step_plan, step_metrics, since):
+    """The step's metrics record (waits for the step; seconds since `since`), after the finite-loss check."""
+    loss = float(step_metrics["loss"])
+    seconds = time.perf_counter() - since
+    if not np.isfinite(loss):
+      kept = f"; the last good checkpoint is {checkpointer.steps()[-1]}" if checkpointer and checkpointer.steps() else ""
+      raise UserError(f"loss is {loss} at step {logged_step}; lower learning_rate or check the data "
+                      f"(metrics so far in {out_dir}{kept})")
+    tokens_per_device = run_shape.tokens_per_step / run_shape.num_devices
+    record = {"loss": loss, "seconds": seconds, "TFLOP/s/device": flops.tflops / seconds,
+              "Tokens/s/device": tokens_per_device / seconds,
+              "total_weights": float(step_metrics["total_weights"]),
+              "grad_norm": float(step_metrics["grad_norm"]),
+              "learning_rate": float(schedule(logged_step))}
+    if "quant_stats" in step_metrics:
+      record.update(precision.stats_record(step_plan, jax.device_get(step_metrics["quant_stats"])))
+    print(metrics.step_line(logged_step, seconds, record["TFLOP/s/device"], record["Tokens/s/device"],
+                            record["total_weights"], loss), flush=True)
+    losses.append(loss)
+    return record
+
   try:
     with _Preemption() as preemption, jax.set_mesh(mesh):
       last = time.perf_counter()
       while step < cfg.steps:
         batch = _global_batch(next(data_iter), batch_sharding)
         step_plan, step_fn = train_step_for(step)
-        new_params, new_rest, new_opt_state, step_metrics = step_fn(params, rest, opt_state, batch,
-                                                                    jnp.int32(step))
-        loss = float(step_metrics["loss"])
-        now = time.perf_counter()
-        seconds, last = now - last, now
-        if not np.isfinite(loss):
-          kept = f"; the last good checkpoint is {checkpointer.steps()[-1]}" if checkpointer and checkpointer.steps() else ""
-          raise UserError(f"loss is {loss} at step {step}; lower learning_rate or check the data "
-                          f"(metrics so far in {out_dir}{kept})")
-        params, rest, opt_state = new_params, new_rest, new_opt_state
-        tokens_per_device = run_shape.tokens_per_step / run_shape.num_devices
-        record = {"loss": loss, "seconds": seconds, "TFLOP/s/device": flops.tflops / seconds,
-                  "Tokens/s/device": tokens_per_device / seconds,
-                  "total_weights": float(step_metrics["total_weights"]),
-                  "grad_norm": float(step_metrics["grad_norm"]),
-                  "learning_rate": float(schedule(step))}
-        if "quant_stats" in step_metrics:
-          record.update(precision.stats_record(step_plan, jax.device_get(step_metrics["quant_stats"])))
-        print(metrics.step_line(step, seconds, record["TFLOP/s/device"], record["Tokens/s/device"],
-                                record["total_weights"], loss), flush=True)
+        profiler.before_step(step)
+        params, rest, opt_state, step_metrics = step_fn(params, rest, opt_state, batch, jnp.int32(step))
         step += 1
+        record = log_step(step - 1, step_plan, step_metrics, since=last)
+        last = time.perf_counter()
+        # The compiled step's HLO (a cache hit: the step has just run) tells the profile what each kernel is.
+        hlo = lambda f=step_fn, a=(params, rest, opt_state, batch, jnp.int32(step - 1)): f.lower(*a).compile().as_text()
+        if profiler.after_step(step - 1, (params, opt_state), hlo) is not None:
+          last = time.perf_counter()
         if eval_step is not None and (step % cfg.eval_interval == 0 or step == cfg.steps):
           result = evaluate(cfg, run_shape, eval_step, params, rest, batch_sharding)
           if result is not None:
@@ -378,7 +328,6 @@ def train(cfg):
                   f"tokens: {int(result[1])}", flush=True)
           last = time.perf_counter()
         writer.write(step - 1, record)
-        losses.append(loss)
         save(force=step == cfg.steps)
         if preemption.requested:
           save(force=True)
@@ -387,6 +336,7 @@ def train(cfg):
               " (enable_checkpointing=false: nothing saved)"), flush=True)
           break
   finally:
+    profiler.close()
     writer.close()
     if checkpointer is not None:
       checkpointer.close()

@@ -1,12 +1,17 @@
 """Throughput of quantization modes on one config, measured in one process: median step time after warm-up,
-TFLOP/s/device, Tokens/s/device and the speed ratio to the first mode (the baseline).
+TFLOP/s/device, Tokens/s/device, the speed ratio to the first mode (the baseline) and where the device
+time goes.
 
     python benchmarks/throughput.py --config configs/llama3_tiny.yml --modes bf16,te_fp8_currentscaling,te_nvfp4 \\
-        --steps 30 --warmup 5 [--json out.json] [key=value ...]
+        --steps 30 --warmup 5 [--profile-steps 2] [--json out.json] [key=value ...]
 
 Each mode trains `warmup + steps` steps through the real trainer (same data, seed and config); the
 first `warmup` steps (compilation) are dropped. Ratio = baseline median step time / mode's (> 1 = faster).
-MFU is against the GPU's dense BF16 peak where the device is a known NVIDIA GPU.
+MFU is against the GPU's dense BF16 peak where the device is a known NVIDIA GPU. Then `--profile-steps`
+more steps run under the profiler (profiler=xplane, outside the timed window) for a second table:
+device milliseconds per step by category (GEMMs by operand dtype, attention, quantization and other
+elementwise work, collectives, copies). On an NVIDIA GPU the run uses MaxText/xla_flags.py's flags
+(--no-gpu-xla-flags: only $XLA_FLAGS).
 """
 
 import json
@@ -21,21 +26,25 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 
 from benchmarks import modes as modes_lib  # noqa: E402
-from MaxText import accounting, config  # noqa: E402
+from MaxText import accounting, config, xla_flags  # noqa: E402
 
 DEFAULT_MODES = ["bf16", "te_fp8_currentscaling", "te_nvfp4"]
 
 
-def measure(config_path, overrides, modes, steps, warmup, out_dir):
-  """One row per mode: {mode, median_s, tflops_per_device, tokens_per_device, ratio, mfu, final_loss}."""
+def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps=0):
+  """One row per mode: {mode, median_s, tflops_per_device, tokens_per_device, ratio, mfu, final_loss, profile}."""
   rows = []
   peak = modes_lib.peak_tflops(jax.devices()[0].device_kind)
-  for mode in modes:
-    label, cfg = modes_lib.load_config(config_path, list(overrides) + [
-        f"steps={warmup + steps}", f"base_output_directory={out_dir}", f"run_name={modes_lib.run_dir_name(mode)}",
-        "enable_checkpointing=false", "eval_interval=0", "enable_tensorboard=false"], mode)
+  profile = ["profiler=xplane", f"skip_first_n_steps_for_profiler={warmup + steps}",
+             f"profiler_steps={profile_steps}"] if profile_steps else []
+  configs = [modes_lib.load_config(config_path, list(overrides) + profile + [
+      f"steps={warmup + steps + profile_steps}", f"base_output_directory={out_dir}",
+      f"run_name={modes_lib.run_dir_name(mode)}", "enable_checkpointing=false", "eval_interval=0",
+      "enable_tensorboard=false"], mode) for mode in modes]  # every mode checked before the first trains
+  for mode, (label, cfg) in zip(modes, configs):
     modes_lib.train_mode(cfg)
-    records = modes_lib.read_metrics(pathlib.Path(out_dir) / modes_lib.run_dir_name(mode))
+    run_dir = pathlib.Path(out_dir) / modes_lib.run_dir_name(mode)
+    records = modes_lib.read_metrics(run_dir)
     seconds = [records[s]["seconds"] for s in range(warmup, warmup + steps)]
     median = float(np.median(seconds))
     run_shape = config.RunShape.of(cfg, jax.device_count())
@@ -43,7 +52,9 @@ def measure(config_path, overrides, modes, steps, warmup, out_dir):
     tflops = accounting.training_flops_per_device(cfg).tflops / median
     rows.append({"mode": label, "median_s": median, "tflops_per_device": tflops,
                  "tokens_per_device": tokens_per_device / median,
-                 "mfu": tflops / peak if peak else None, "final_loss": records[warmup + steps - 1]["loss"]})
+                 "mfu": tflops / peak if peak else None, "final_loss": records[warmup + steps - 1]["loss"],
+                 "profile": (json.loads((run_dir / "profile_summary.json").read_text(encoding="utf-8"))
+                             if profile_steps else None)})
   for row in rows:
     row["ratio"] = rows[0]["median_s"] / row["median_s"]
   return rows
@@ -59,20 +70,44 @@ def markdown(rows):
   return "\n".join(lines)
 
 
+def breakdown_markdown(rows):
+  """Device ms per step by category, one row per mode (from each mode's profiled steps)."""
+  profiled = [r for r in rows if r.get("profile")]
+  if not profiled:
+    return ""
+  categories = []
+  for r in profiled:
+    categories += [c["category"] for c in r["profile"]["categories"] if c["category"] not in categories]
+  lines = ["| mode | device ms/step | " + " | ".join(categories) + " |", "|---|---:|" + "---:|" * len(categories)]
+  for r in profiled:
+    ms = {c["category"]: c["ms_per_step"] for c in r["profile"]["categories"]}
+    lines.append(f"| {r['mode']} | {r['profile']['device_ms_per_step']:.2f} | "
+                 + " | ".join(f"{ms.get(c, 0.0):.2f}" for c in categories) + " |")
+  return "\n".join(lines)
+
+
 def main(argv=None):
   parser = modes_lib.argument_parser(__doc__, DEFAULT_MODES, default_steps=30)
   parser.add_argument("--warmup", type=int, default=5)
   parser.add_argument("--json", default="")
   parser.add_argument("--out", default="", help="run directories (default: a temporary directory)")
+  parser.add_argument("--profile-steps", type=int, default=2, help="profiled steps per mode after the timed ones "
+                      "(0 = no breakdown)")
+  parser.add_argument("--no-gpu-xla-flags", action="store_true", help="don't add MaxText/xla_flags.py's flags")
   args, overrides = parser.parse_known_args(argv)
-  if args.steps <= 0 or args.warmup < 1:
-    raise SystemExit("error: --steps must be > 0 and --warmup >= 1 (the first step compiles)")
+  if args.steps <= 0 or args.warmup < 1 or args.profile_steps < 0:
+    raise SystemExit("error: --steps must be > 0, --warmup >= 1 (the first step compiles), --profile-steps >= 0")
+  if not args.no_gpu_xla_flags:
+    xla_flags.apply_if_gpu()  # before jax starts its backend
   with tempfile.TemporaryDirectory() as tmp:
-    rows = measure(args.config, overrides, args.modes, args.steps, args.warmup, args.out or tmp)
+    rows = measure(args.config, overrides, args.modes, args.steps, args.warmup, args.out or tmp, args.profile_steps)
   info = modes_lib.machine()
   print(f"\nthroughput: {' '.join([args.config, *overrides])} ({args.steps} steps after {args.warmup} warm-up; "
         f"commit {info['commit']}, {info['device']})\n")
   print(markdown(rows))
+  if args.profile_steps:
+    print(f"\ndevice time per step by category (ms, {args.profile_steps} profiled steps after the timed ones):\n")
+    print(breakdown_markdown(rows))
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps({"machine": info, "config": args.config, "overrides": overrides,
                                                    "rows": rows}, indent=1) + "\n", encoding="utf-8")

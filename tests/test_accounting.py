@@ -41,3 +41,17 @@ def test_memory_estimate_shards_state_and_scales_with_remat():
   full = accounting.activation_bytes(cfg, 1)
   none = accounting.activation_bytes(cfg.replace(remat_policy="none"), 1)
   assert none > 4 * full
+
+
+def test_remat_policies_with_context_and_quantization_keep_more():
+  cfg = _cfg("llama3_8b.yml", "per_device_batch_size=1", "max_target_length=8192")
+  tokens, d, f = 8192, 4096, 14336
+  by_policy = {p: accounting.activation_bytes(cfg.replace(remat_policy=p), 1)
+               for p in ("minimal", "minimal_with_context", "minimal_with_quantization")}
+  assert by_policy["minimal_with_context"] - by_policy["minimal"] == 32 * tokens * 32 * 128 * 2
+  assert by_policy["minimal_with_quantization"] == by_policy["minimal"]  # BF16: nothing quantized to keep
+  fp8 = cfg.replace(quantization="te_fp8_currentscaling")
+  # Per layer: x of gate, up (D) and down (F) in f8, and the three MLP weights in f8.
+  assert accounting.quantized_residual_bytes(fp8, tokens) == tokens * (2 * d + f) + 3 * d * f
+  nvfp4 = cfg.replace(quantization="te_nvfp4")
+  assert accounting.quantized_residual_bytes(nvfp4, tokens) == 3 * d * f * 2  # weights only, bf16

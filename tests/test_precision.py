@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from MaxText import config, precision, train
+from MaxText import config, precision, train, train_step
 from tests.conftest import REPO
 from tests.test_train import SMALL
 
@@ -65,8 +65,8 @@ def test_stochastic_rounding_is_reproducible_from_the_seed(tmp_path):
 
 def test_high_precision_switch_compiles_two_steps_only(tmp_path, monkeypatch):
   built = []
-  real = train.make_train_step
-  monkeypatch.setattr(train, "make_train_step", lambda *a, **k: built.append(a[2]) or real(*a, **k))
+  real = train_step.make_train_step
+  monkeypatch.setattr(train_step, "make_train_step", lambda *a, **k: built.append(a[2]) or real(*a, **k))
   losses = train.train(_cfg("quantization=te_nvfp4", "steps=5", "high_precision_from_step=2", tmp=tmp_path))
   assert len(losses) == 5 and len(built) == 2
   assert built[0].quantized and not built[1].quantized

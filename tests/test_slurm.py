@@ -37,9 +37,21 @@ def test_dry_run_prints_the_job(gpu, nodes, model):
   assert "--xla_gpu_enable_latency_hiding_scheduler=true" in flags
   assert f"--xla_gpu_all_gather_combine_threshold_bytes={2 ** 30 // (4 * nodes)}" in flags
   assert f"--xla_gpu_reduce_scatter_combine_threshold_bytes={2 ** 30 // (8 * nodes)}" in flags
+  assert env["XLA_FLAGS"].split()[:2] == ["--xla_gpu_enable_latency_hiding_scheduler=true",
+                                          "--xla_gpu_enable_triton_gemm=false"]  # MaxText/xla_flags.py's
   srun = shlex.split(lines[-1])
   assert srun[0] == "srun" and "--container-image=ghcr.io/nvidia/jax:maxtext-nvfp4" in srun
-  assert srun[srun.index("train") + 1:srun.index("train") + 3] == [model, "hardware=gpu"]
+  assert srun[srun.index("train.py") - 1:srun.index("train.py") + 3] == ["python3", "train.py", model, "hardware=gpu"]
+
+
+def test_nsys_wraps_each_task_and_captures_the_profiled_steps():
+  proc = subprocess.run(["bash", str(SUBMIT), "--gpu", "gb200", "--nodes", "1", "--model",
+                         "configs/gb200/llama3_8b_nvfp4.yml", "--quantization", "te_nvfp4", "--nsys", "--dry-run"],
+                        cwd=REPO, capture_output=True, text=True, check=True)
+  srun = shlex.split(proc.stdout.splitlines()[-1])
+  nsys = srun.index("nsys")
+  assert srun[nsys + 1] == "profile" and "--capture-range=cudaProfilerApi" in srun[nsys:]
+  assert srun[srun.index("train.py") - 1] == "python3" and "profiler=nsys" in srun
 
 
 @pytest.mark.parametrize("args,message", [

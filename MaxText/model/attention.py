@@ -5,8 +5,10 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from MaxText.model.layers import Dense, GemmPrecision, amax_history_len
+from MaxText.quantization import dots
 
 NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)
 
@@ -36,17 +38,19 @@ def apply_rope(x_BxLxHxD, positions_BxL, inv_freq):
 
 
 def dot_product_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL):
-  """Causal GQA attention in XLA: scores and softmax in f32; attention never crosses segments."""
+  """Causal GQA attention in XLA: GEMMs on the compute dtype, scores and softmax in f32; attention never
+  crosses segments."""
   b, l, h, d = q_BxLxHxD.shape
   kv = k_BxSxKxD.shape[2]
   q = q_BxLxHxD.reshape(b, l, kv, h // kv, d)
-  scores = jnp.einsum("blkgd,bskd->bkgls", q, k_BxSxKxD, preferred_element_type=jnp.float32) / math.sqrt(d)
+  dtype = q_BxLxHxD.dtype
+  scores = dots.einsum("blkgd,bskd->bkgls", q, k_BxSxKxD, jnp.float32, dtype) / math.sqrt(d)
   causal = jnp.tril(jnp.ones((l, l), bool))
   same_segment = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
   mask = (causal[None] & same_segment)[:, None, None]  # [B, 1, 1, L, S]
-  probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1).astype(v_BxSxKxD.dtype)
-  out = jnp.einsum("bkgls,bskd->blkgd", probs, v_BxSxKxD, preferred_element_type=jnp.float32)
-  return out.reshape(b, l, h, d).astype(q_BxLxHxD.dtype)
+  probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1)
+  out = dots.einsum("bkgls,bskd->blkgd", probs, v_BxSxKxD, dtype, dtype)
+  return out.reshape(b, l, h, d)
 
 
 def cudnn_flash_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL):
@@ -66,10 +70,10 @@ class Attention(nnx.Module):
     d, h, kv, dh = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
     kw = dict(dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs,
               history_len=amax_history_len(cfg))
-    self.query = Dense(d, h * dh, **kw)
-    self.key = Dense(d, kv * dh, **kw)
-    self.value = Dense(d, kv * dh, **kw)
-    self.out = Dense(h * dh, d, **kw)
+    self.query = Dense(d, h * dh, remat_name="query_proj", **kw)
+    self.key = Dense(d, kv * dh, remat_name="key_proj", **kw)
+    self.value = Dense(d, kv * dh, remat_name="value_proj", **kw)
+    self.out = Dense(h * dh, d, remat_name="out_proj", **kw)
     self.heads, self.kv_heads, self.head_dim = h, kv, dh
     self.rope = (dh, cfg.rope_max_timescale, cfg.rope_type, cfg.rope_scaling_factor, cfg.rope_low_freq_factor,
                  cfg.rope_high_freq_factor, cfg.rope_original_max_position)
@@ -84,7 +88,7 @@ class Attention(nnx.Module):
     k = self.key(x_BxLxD, precision["k"], keys[1], sinks.get("k")).reshape(b, l, self.kv_heads, self.head_dim)
     v = self.value(x_BxLxD, precision["v"], keys[2], sinks.get("v")).reshape(b, l, self.kv_heads, self.head_dim)
     q, k = apply_rope(q, positions_BxL, inv_freq), apply_rope(k, positions_BxL, inv_freq)
-    ctx = self.kernel(q, k, v, segment_ids_BxL).reshape(b, l, self.heads * self.head_dim)
+    ctx = checkpoint_name(self.kernel(q, k, v, segment_ids_BxL), "context").reshape(b, l, self.heads * self.head_dim)
     return self.out(ctx, precision["o"], keys[3], sinks.get("o"))
 
 

@@ -8,6 +8,7 @@ from MaxText import sharding
 from MaxText.model.attention import Attention
 from MaxText.model.layers import Embed, GemmPrecision, RMSNorm
 from MaxText.model.mlp import MLP
+from MaxText.quantization import dots, qdot
 
 ATTENTION_GEMMS = ("q", "k", "v", "o")
 MLP_GEMMS = ("gate", "up", "down")
@@ -15,9 +16,15 @@ GEMMS = ATTENTION_GEMMS + MLP_GEMMS
 
 ACTIVATION_AXES = ("activation_batch", "activation_length", "activation_embed")
 
+# MaxText's remat policies, by the names Dense, attention and the quantized matmul give their outputs.
+_PROJECTIONS = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
+_save = jax.checkpoint_policies.save_only_these_names
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
-    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "minimal": _save(*_PROJECTIONS),
+    "minimal_with_context": _save(*_PROJECTIONS, "context"),
+    "minimal_with_quantization": _save(*_PROJECTIONS, qdot.REMAT_NAME),
+    "minimal_with_context_and_quantization": _save(*_PROJECTIONS, "context", qdot.REMAT_NAME),
 }
 
 
@@ -110,5 +117,5 @@ class Transformer(nnx.Module):
     x = self.embed(tokens_BxL)
     x = self._run_layers(x, positions_BxL, segment_ids_BxL, layer_precisions, key, stats_sinks)
     x = self.final_norm(sharding.constrain(x, ACTIVATION_AXES))
-    logits = jnp.dot(x, self.lm_head[...].astype(self.dtype), preferred_element_type=jnp.float32)
+    logits = dots.einsum("bld,dv->blv", x, self.lm_head[...], jnp.float32, self.dtype)
     return sharding.constrain(logits, ("activation_batch", "activation_length", "activation_vocab"))

@@ -5,6 +5,7 @@ import typing
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from MaxText.quantization import Recipe, delayed, get_recipe, qdense
 
@@ -35,15 +36,17 @@ def dense_init():
 class Dense(nnx.Module):
   """y = x . kernel with kernel [in, out] in weight_dtype; every call goes through one dot_general hook.
 
-  The hook is `dot_general(x, kernel, precision, key, stats_sink)`: the quantized matmul of the
+  The output is tagged with `remat_name` (MaxText's names: query_proj, mlpwo, ...) for the remat
+  policies that save GEMM outputs. The hook is `dot_general(x, kernel, precision, key, stats_sink)`: the quantized matmul of the
   recipe that the caller passes per call, so one (possibly scanned) layer can run under different
   recipes per GEMM kind and per layer. A `stats_sink` (quantization.stats.empty_sink()) asks for
   quantization telemetry, returned as the sink's gradient.
   """
 
-  def __init__(self, in_features, out_features, *, dtype, weight_dtype, rngs: nnx.Rngs, history_len=0):
+  def __init__(self, in_features, out_features, *, dtype, weight_dtype, rngs: nnx.Rngs, remat_name, history_len=0):
     self.kernel = nnx.Param(dense_init()(rngs.params(), (in_features, out_features), weight_dtype))
     self.dtype = dtype
+    self.remat_name = remat_name
     if history_len:
       self.amax_history = AmaxHistory(jnp.zeros((3, history_len), jnp.float32))
 
@@ -52,6 +55,9 @@ class Dense(nnx.Module):
     return qdense(x, kernel, precision.recipe, key=key, backend=precision.backend, stats_sink=stats_sink)
 
   def __call__(self, x, precision: GemmPrecision = GemmPrecision(), key=None, stats_sink=None):
+    return checkpoint_name(self._gemm(x, precision, key, stats_sink), self.remat_name)
+
+  def _gemm(self, x, precision, key, stats_sink):
     kernel = self.kernel[...]
     if precision.recipe.stateful:
       if not hasattr(self, "amax_history"):

@@ -17,9 +17,9 @@ class MLP(nnx.Module):
     d, f = cfg.base_emb_dim, cfg.base_mlp_dim
     kw = dict(dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs,
               history_len=amax_history_len(cfg))
-    self.gate = Dense(d, f, **kw)
-    self.up = Dense(d, f, **kw)
-    self.down = Dense(f, d, **kw)
+    self.gate = Dense(d, f, remat_name="mlpwi_0", **kw)
+    self.up = Dense(d, f, remat_name="mlpwi_1", **kw)
+    self.down = Dense(f, d, remat_name="mlpwo", **kw)
     self.activations = tuple(cfg.mlp_activations)
 
   def __call__(self, x_BxLxD, precision, key, stats_sinks=None):

@@ -3,7 +3,8 @@
 The history of one linear layer is an f32 array [3, H] (rows: x, w, dy; index 0 = newest).
 `qmatmul_delayed` returns the updated history as the *gradient* of the history argument
 (the overwrite-with-gradient convention of Flax's fp8 ops): the trainer stores that gradient
-in place of the old history instead of applying the optimizer to it.
+in place of the old history instead of applying the optimizer to it. Each operand is quantized
+once per step: its transposed role has the same per-tensor scale, hence the same f8 values.
 """
 
 import functools
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from MaxText.quantization import emulated
+from MaxText.quantization import qdot
 from MaxText.quantization.recipes import Recipe
 
 ROWS = {"x": 0, "w": 1, "dy": 2}
@@ -32,32 +34,35 @@ def _push(history_H, amax):
 
 
 def _quantize(x, recipe, role, history_3xH):
-  history_H = history_3xH[ROWS[role.rstrip("_t")]]
   grid = emulated.element_grid(recipe, role)
-  return emulated.quantize_operand(x, recipe, role, scale=_scale_from_history(history_H, recipe, grid))
+  scale = _scale_from_history(history_3xH[ROWS[role]], recipe, grid)
+  return emulated.quantize_for_gemm(x, recipe, role, scale=scale)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _qmatmul_delayed(x_MxK, w_KxN, history_3xH, recipe):
-  return _fwd(x_MxK, w_KxN, history_3xH, recipe)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _qmatmul_delayed(x_MxK, w_KxN, history_3xH, recipe, w_dtype):
+  return _fwd(x_MxK, w_KxN, history_3xH, recipe, w_dtype)[0]
 
 
-def _fwd(x_MxK, w_KxN, history_3xH, recipe):
-  y = emulated.gemm(_quantize(x_MxK, recipe, "x", history_3xH),
-                    _quantize(w_KxN.T, recipe, "w", history_3xH)).astype(x_MxK.dtype)
-  return y, (x_MxK, w_KxN, history_3xH)
-
-
-def _bwd(recipe, residuals, dy_MxN):
-  x_MxK, w_KxN, history_3xH = residuals
-  dyq = _quantize(dy_MxN, recipe, "dy", history_3xH)
-  dx = emulated.gemm(dyq, _quantize(w_KxN, recipe, "w_t", history_3xH)).astype(x_MxK.dtype)
-  dw = emulated.gemm(_quantize(x_MxK.T, recipe, "x_t", history_3xH),
-                     _quantize(dy_MxN.T, recipe, "dy_t", history_3xH))
+def _fwd(x_MxK, w_KxN, history_3xH, recipe, w_dtype):
+  del w_dtype
+  x_op = _quantize(x_MxK, recipe, "x", history_3xH)
+  w_op = _quantize(w_KxN.T, recipe, "w", history_3xH)
+  y = emulated.gemm(x_op, w_op, recipe).astype(x_MxK.dtype)
   amax = lambda t: jnp.max(jnp.abs(t.astype(jnp.float32)))
-  new_history = jnp.stack([_push(history_3xH[0], amax(x_MxK)), _push(history_3xH[1], amax(w_KxN)),
-                           _push(history_3xH[2], amax(dy_MxN))])
-  return dx, dw.astype(x_MxK.dtype).astype(w_KxN.dtype), new_history
+  residuals = (qdot.name_for_remat(x_op.T), qdot.name_for_remat(w_op.T), history_3xH, amax(x_MxK), amax(w_KxN))
+  return y, residuals
+
+
+def _bwd(recipe, w_dtype, residuals, dy_MxN):
+  x_t_op, w_t_op, history_3xH, amax_x, amax_w = residuals
+  dy_op = _quantize(dy_MxN, recipe, "dy", history_3xH)
+  dx = emulated.gemm(dy_op, w_t_op, recipe).astype(dy_MxN.dtype)
+  dw = emulated.gemm(x_t_op, dy_op.T, recipe)
+  amax_dy = jnp.max(jnp.abs(dy_MxN.astype(jnp.float32)))
+  new_history = jnp.stack([_push(history_3xH[0], amax_x), _push(history_3xH[1], amax_w),
+                           _push(history_3xH[2], amax_dy)])
+  return dx, dw.astype(dy_MxN.dtype).astype(w_dtype), new_history
 
 
 _qmatmul_delayed.defvjp(_fwd, _bwd)
@@ -67,4 +72,4 @@ def qmatmul_delayed(x, w, recipe: Recipe, history_3xH):
   """x [M, K] . w [K, N] in per-tensor FP8 with scales from `history_3xH`; grad of history = new history."""
   if recipe.format != "fp8_delayed":
     raise ValueError(f"qmatmul_delayed needs a delayed-scaling recipe, got {recipe.name!r}")
-  return _qmatmul_delayed(x, w, history_3xH, recipe)
+  return _qmatmul_delayed(x, w, history_3xH, recipe, jnp.dtype(w.dtype))

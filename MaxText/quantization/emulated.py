@@ -1,11 +1,14 @@
 """Pure-JAX emulation of each recipe's operand quantization and GEMM (runs on any backend).
 
-Every operand arrives as [rows, contraction] with blocks along the last axis. A quantized
-operand feeds an f32 dot; the result is exactly what a tensor core computes up to the order
-of the f32 sum. For per-tensor FP8 the operand is written as convert(f8) * scale before the
-dot, the pattern XLA's GPU GEMM rewriter turns into a real FP8 cuBLASLt GEMM on Hopper.
+Every operand arrives as [rows, contraction] with blocks along the last axis. The GEMM reads a
+`GemmOperand` on tensor-core dtypes, as the hardware would: per-tensor FP8 as the f8 values
+themselves (an f8 x f8 dot, which XLA turns into a cuBLASLt FP8 GEMM on Hopper), NVFP4 and MX with
+their block scales folded into bf16 (exact, see below), and the per-tensor scales applied to the
+f32 accumulator in the epilogue. The result is what a tensor core computes up to the order of the
+f32 sum.
 """
 
+import functools
 import typing
 
 import jax
@@ -26,23 +29,27 @@ class ScaledOperand(typing.NamedTuple):
   scale: jax.Array  # scalar (per tensor) or [rows, cols] (per block, already broadcast)
 
 
-def _dot_f32(a, b_t):
-  """a [M, K] . b_t [N, K]^T with f32 accumulation."""
-  return jax.lax.dot_general(a, b_t, (((1,), (1,)), ((), ())),
-                             precision=jax.lax.Precision.HIGHEST,
-                             preferred_element_type=jnp.float32)
+class GemmOperand(typing.NamedTuple):
+  """A quantized operand as the tensor core reads it, [rows, contraction]."""
+  data: jax.Array  # f8 (per-tensor FP8), bf16 (NVFP4 / MX values with block scales folded in; BF16)
+  global_scale: jax.Array  # f32 scalar for the epilogue: NVFP4: the tensor's amax; FP8: its decode scale; else 1
+
+  @property
+  def T(self):  # pylint: disable=invalid-name
+    """The transposed operand: the same numbers, so per-tensor scaled roles share one quantization."""
+    return GemmOperand(self.data.T, self.global_scale)
 
 
 def per_tensor_fp8_scale(amax, grid):
   """TE's current-scaling rule: scale = fp8_max / amax; 1 when amax is 0 or not finite, capped at FLT_MAX."""
-  scale = jnp.minimum(grid.max_value / amax, formats.FLT_MAX)
+  scale = jnp.minimum(formats.div_rn(grid.max_value, amax), formats.FLT_MAX)
   return jnp.where((amax > 0) & jnp.isfinite(amax), scale, 1.0).astype(jnp.float32)
 
 
 def quantize_per_tensor_fp8(x, grid, scale) -> ScaledOperand:
   """x * scale rounded to nearest-even on the FP8 grid (saturating); decode scale = 1/scale."""
   q = formats.round_to_grid(x.astype(jnp.float32) * scale, grid)
-  return ScaledOperand(formats.cast_exact(q, grid), (1.0 / scale).astype(jnp.float32))
+  return ScaledOperand(formats.cast_exact(q, grid), formats.div_rn(1.0, scale))
 
 
 def quantize_mx(x, grid) -> ScaledOperand:
@@ -53,8 +60,9 @@ def quantize_mx(x, grid) -> ScaledOperand:
                      f"got an operand of shape {(m, k)}")
   x_blocks = x.astype(jnp.float32).reshape(m, k // MX_BLOCK, MX_BLOCK)
   block_amax = jnp.max(jnp.abs(x_blocks), axis=-1, keepdims=True)
-  scale = formats.e8m0_scale_at_least(block_amax / grid.max_value)
-  q = formats.round_to_grid(x_blocks / scale, grid).reshape(m, k)
+  exponent, = formats.materialize(formats.e8m0_exponent_at_least(formats.div_rn(block_amax, grid.max_value)))
+  scale = formats.exp2i(exponent)
+  q = formats.round_to_grid(x_blocks * formats.exp2i(-exponent), grid).reshape(m, k)
   return ScaledOperand(formats.cast_exact(q, grid),
                        jnp.broadcast_to(scale, x_blocks.shape).reshape(m, k))
 
@@ -71,6 +79,12 @@ def block_size(recipe: Recipe):
   return _BLOCK_SIZES.get(recipe.format)
 
 
+def _nvfp4_options(recipe: Recipe, role: str, key):
+  sr = recipe.stochastic_rounding(role)
+  return dict(tile=(nvfp4.BLOCK, nvfp4.BLOCK) if recipe.tile_2d(role) else (1, nvfp4.BLOCK),
+              rht=recipe.rht(role), stochastic_rounding=sr, key=key if sr else None)
+
+
 def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
   """Quantize one GEMM operand [rows, contraction] as `recipe` prescribes for `role`.
 
@@ -81,10 +95,7 @@ def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
   if fmt == "bf16":
     return x
   if fmt == "nvfp4":
-    tile = (nvfp4.BLOCK, nvfp4.BLOCK) if recipe.tile_2d(role) else (1, nvfp4.BLOCK)
-    sr = recipe.stochastic_rounding(role)
-    return nvfp4.quantize(x, tile=tile, rht=recipe.rht(role), stochastic_rounding=sr,
-                          key=key if sr else None)
+    return nvfp4.quantize(x, **_nvfp4_options(recipe, role, key))
   if fmt in ("fp8_current", "fp8_delayed"):
     grid = element_grid(recipe, role)
     if scale is None:
@@ -93,6 +104,20 @@ def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
   if fmt in ("mxfp8", "mxfp4"):
     return quantize_mx(x, element_grid(recipe, role))
   raise ValueError(f"unknown recipe format {fmt!r}")
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def quantize_for_gemm(x, recipe: Recipe, role: str, key=None, scale=None) -> GemmOperand:
+  """`quantize_operand`, in the form the GEMM reads (see GemmOperand). One call = one quantization."""
+  if recipe.format == "nvfp4":  # straight to bf16, never through the 4-bit dtype
+    return GemmOperand(*nvfp4.quantize_block_scaled(x, **_nvfp4_options(recipe, role, key)))
+  q = quantize_operand(x, recipe, role, key, scale)
+  if not isinstance(q, ScaledOperand):
+    return GemmOperand(q.astype(jnp.bfloat16), jnp.float32(1))
+  if q.scale.ndim == 0:
+    return GemmOperand(q.data, q.scale)
+  # MX: E4M3 / E2M1 values (<= 4 significant bits) times a power of two: exact in bf16 (above 2**-126).
+  return GemmOperand((q.data.astype(jnp.float32) * q.scale).astype(jnp.bfloat16), jnp.float32(1))
 
 
 def dequantize_operand(q):
@@ -104,10 +129,11 @@ def dequantize_operand(q):
   return q.astype(jnp.float32)
 
 
-def gemm(a, b_t):
-  """a [M, K] . b_t [N, K]^T for two operands quantized by the same recipe, f32 result."""
-  if isinstance(a, nvfp4.NVFP4Tensor):
-    return nvfp4.gemm(a, b_t)
-  if isinstance(a, ScaledOperand):
-    return _dot_f32(dequantize_operand(a), dequantize_operand(b_t))
-  return _dot_f32(a, b_t)
+def gemm(a: GemmOperand, b_t: GemmOperand, recipe: Recipe):
+  """a [M, K] . b_t [N, K]^T for two operands quantized by `recipe`: f32 accumulation, then the epilogue."""
+  acc = jax.lax.dot_general(a.data, b_t.data, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  if recipe.format == "nvfp4":
+    return acc * nvfp4.gemm_alpha(a.global_scale, b_t.global_scale)
+  if recipe.format in ("fp8_current", "fp8_delayed"):
+    return acc * (a.global_scale * b_t.global_scale)
+  return acc

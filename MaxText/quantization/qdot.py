@@ -4,14 +4,23 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from MaxText.quantization import backends
+from MaxText.quantization import dots
 from MaxText.quantization import emulated
 from MaxText.quantization import stats as stats_lib
 from MaxText.quantization import te_backend
 from MaxText.quantization.recipes import Recipe
 
 _FIXED_KEY = 0  # feeds SR-free recipes, which never draw from it
+# The name of quantized operands kept for the backward GEMMs (jax.checkpoint_policies.save_only_these_names).
+REMAT_NAME = "quantization"
+
+
+def name_for_remat(operand):
+  """Tag a quantized operand kept for the backward with REMAT_NAME."""
+  return jax.tree.map(lambda a: checkpoint_name(a, REMAT_NAME), operand)
 
 
 def _split_grad_keys(key):
@@ -30,29 +39,35 @@ def _as_key(key, recipe):
   return key
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _qmatmul_2d(x_MxK, w_KxN, key, recipe):
-  y, _ = _qmatmul_fwd(x_MxK, w_KxN, key, recipe)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _qmatmul_2d(x_MxK, w_KxN, key, recipe, w_dtype):
+  y, _ = _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype)
   return y
 
 
-def _qmatmul_fwd(x_MxK, w_KxN, key, recipe):
-  xq = emulated.quantize_operand(x_MxK, recipe, "x")
-  wq = emulated.quantize_operand(w_KxN.T, recipe, "w")
-  y_MxN = emulated.gemm(xq, wq).astype(x_MxK.dtype)
-  return y_MxN, (x_MxK, w_KxN, key)
+def _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype):
+  del w_dtype
+  x_op = emulated.quantize_for_gemm(x_MxK, recipe, "x")
+  w_op = emulated.quantize_for_gemm(w_KxN.T, recipe, "w")
+  y_MxN = emulated.gemm(x_op, w_op, recipe).astype(x_MxK.dtype)
+  # What the backward needs: a quantized operand where its transposed role has the same numbers
+  # (named, so a remat policy can keep it instead of quantizing again), else the input itself.
+  x_res = name_for_remat(x_op.T) if recipe.shares_transpose("x") else x_MxK
+  w_res = name_for_remat(w_op.T) if recipe.shares_transpose("w") else w_KxN
+  return y_MxN, (x_res, w_res, key)
 
 
-def _qmatmul_bwd(recipe, residuals, dy_MxN):
-  x_MxK, w_KxN, key = residuals
+def _qmatmul_bwd(recipe, w_dtype, residuals, dy_MxN):
+  x_res, w_res, key = residuals
   k_dgrad, k_wgrad = _split_grad_keys(key)
-  dyq = emulated.quantize_operand(dy_MxN, recipe, "dy", k_dgrad)
-  wq_t = emulated.quantize_operand(w_KxN, recipe, "w_t")
-  dx_MxK = emulated.gemm(dyq, wq_t).astype(x_MxK.dtype)
-  xq_t = emulated.quantize_operand(x_MxK.T, recipe, "x_t")
-  dyq_t = emulated.quantize_operand(dy_MxN.T, recipe, "dy_t", k_wgrad)
+  dy_op = emulated.quantize_for_gemm(dy_MxN, recipe, "dy", k_dgrad)
+  w_t_op = w_res if recipe.shares_transpose("w") else emulated.quantize_for_gemm(w_res, recipe, "w_t")
+  dx_MxK = emulated.gemm(dy_op, w_t_op, recipe).astype(dy_MxN.dtype)
+  x_t_op = x_res if recipe.shares_transpose("x") else emulated.quantize_for_gemm(x_res.T, recipe, "x_t")
+  dy_t_op = dy_op.T if recipe.shares_transpose("dy") else emulated.quantize_for_gemm(dy_MxN.T, recipe, "dy_t",
+                                                                                      k_wgrad)
   # Rounded to the compute dtype like TE's GEMM output, then to the master weights' dtype.
-  dw_KxN = emulated.gemm(xq_t, dyq_t).astype(x_MxK.dtype).astype(w_KxN.dtype)
+  dw_KxN = emulated.gemm(x_t_op, dy_t_op, recipe).astype(dy_MxN.dtype).astype(w_dtype)
   return dx_MxK, dw_KxN, None
 
 
@@ -96,7 +111,7 @@ def qmatmul(x, w, recipe: Recipe, *, key=None, backend="auto", stats_sink=None):
   if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
     raise ValueError(f"qmatmul: expects x [M, K] and w [K, N], got {tuple(x.shape)} and {tuple(w.shape)}")
   if not recipe.quantized:
-    return jnp.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32).astype(x.dtype)
+    return dots.matmul(x, w)
   if recipe.stateful:
     raise ValueError(f"{recipe.name} keeps an amax history: call MaxText.quantization.delayed."
                      "qmatmul_delayed with its state")
@@ -104,14 +119,14 @@ def qmatmul(x, w, recipe: Recipe, *, key=None, backend="auto", stats_sink=None):
   if backends.resolve(recipe, backend) == "te":
     y = te_backend.qmatmul(x, w, recipe, key=key)
   else:
-    y = _qmatmul_emulated(x, w, key, recipe)
+    y = _qmatmul_emulated(x, w, key, recipe, jnp.dtype(w.dtype))
   if stats_sink is not None:
     y = y + _stats_probe(x, w, key, stats_sink, recipe)
   return y
 
 
 # jit at the edge: eager calls compile once per shape; inside a jitted model this just inlines.
-_qmatmul_emulated = jax.jit(_qmatmul_2d, static_argnums=(3,))
+_qmatmul_emulated = jax.jit(_qmatmul_2d, static_argnums=(3, 4))
 
 
 def qdense(x, w, recipe: Recipe, *, key=None, backend="auto", stats_sink=None):

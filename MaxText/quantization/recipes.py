@@ -57,6 +57,13 @@ class Recipe:
     """16x16 tiles for the weight (both views the same numbers)."""
     return self.format == "nvfp4" and not self.disable_2d_quantization and role in WEIGHT_ROLES
 
+  def shares_transpose(self, operand: str) -> bool:
+    """Whether operand ("x", "w" or "dy") and its transposed role quantize to the same numbers, so one
+    quantization serves both GEMMs: per-tensor FP8 (one scale, no blocks), NVFP4 weights in 16x16 tiles."""
+    if self.format in ("fp8_current", "fp8_delayed"):
+      return True
+    return operand == "w" and self.tile_2d("w") and self.tile_2d("w_t")
+
   def fp8_dtype_name(self, role: str) -> str:
     """HYBRID format for per-tensor FP8: E4M3 forward operands, E5M2 gradients."""
     if self.format in ("fp8_current", "fp8_delayed") and role in GRAD_ROLES:

@@ -3,21 +3,23 @@
 #
 #   scripts/slurm/submit.sh --gpu gb200|gb300 --nodes N --model CONFIG --quantization MODE \
 #       [--image IMAGE] [--partition P] [--account A] [--time HH:MM:SS] [--job-name NAME] \
-#       [--output-dir DIR] [--dry-run] [-- key=value ...]
+#       [--output-dir DIR] [--nsys] [--dry-run] [-- key=value ...]
 #
 # One task per node (hardware=gpu), 4 GPUs per node; the trainer forms the job from
 # JAX_COORDINATOR_IP/PORT, NNODES and NODE_RANK (set in train.sbatch). dcn_data_parallelism=-1 makes
-# the nodes beyond the config's dcn_* product data-parallel replicas. --dry-run prints the exact
-# sbatch command line and the environment the job runs with, and submits nothing.
+# the nodes beyond the config's dcn_* product data-parallel replicas. --nsys runs every task under
+# nsys profile for the trainer's profiled steps (skip_first_n_steps_for_profiler, profiler_steps),
+# reports in OUTPUT_DIR/nsys/. --dry-run prints the exact sbatch command line and the environment the
+# job runs with, and submits nothing.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-GPU="" NODES="" MODEL="" QUANT="" DRY_RUN=0
+GPU="" NODES="" MODEL="" QUANT="" DRY_RUN=0 NSYS=""
 IMAGE="${MAXTEXT_IMAGE:-ghcr.io/nvidia/jax:maxtext-nvfp4}"
 PARTITION="${SLURM_PARTITION:-}" ACCOUNT="${SLURM_ACCOUNT:-}" TIME="01:00:00" JOB_NAME="" OUTPUT_DIR="${PWD}/outputs"
 GPUS_PER_NODE=4
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "error: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
@@ -32,6 +34,7 @@ while [[ $# -gt 0 ]]; do
     --time) TIME="${2:-}"; shift 2 ;;
     --job-name) JOB_NAME="${2:-}"; shift 2 ;;
     --output-dir) OUTPUT_DIR="${2:-}"; shift 2 ;;
+    --nsys) NSYS=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
@@ -54,7 +57,9 @@ SBATCH=(sbatch --job-name="${JOB_NAME}" --nodes="${NODES}" --ntasks-per-node=1 -
 [[ -n "$PARTITION" ]] && SBATCH+=(--partition="${PARTITION}")
 [[ -n "$ACCOUNT" ]] && SBATCH+=(--account="${ACCOUNT}")
 # The environment the job sees: train.sbatch derives XLA_FLAGS etc. from these.
+REPO="$(cd "${HERE}/../.." && pwd)"
 EXPORTS="ALL,MAXTEXT_IMAGE=${IMAGE},MAXTEXT_OUTPUT_DIR=${OUTPUT_DIR},MAXTEXT_GPU=${GPU},GPUS_PER_NODE=${GPUS_PER_NODE}"
+EXPORTS+=",MAXTEXT_REPO=${REPO},MAXTEXT_NSYS=${NSYS}"
 SBATCH+=(--export="${EXPORTS}" "${HERE}/train.sbatch" "${MODEL}" "quantization=${QUANT}" "gpu_type=${GPU}"
          "run_name=${RUN_NAME}" "dcn_data_parallelism=-1" "${EXTRA[@]}")
 
@@ -64,9 +69,9 @@ if [[ "$DRY_RUN" == 1 ]]; then
   echo "# job environment and srun command (train.sbatch --print-only):"
   SLURM_JOB_NUM_NODES="${NODES}" SLURM_JOB_NODELIST="node[0001-$(printf '%04d' "${NODES}")]" \
     MAXTEXT_IMAGE="${IMAGE}" MAXTEXT_OUTPUT_DIR="${OUTPUT_DIR}" MAXTEXT_GPU="${GPU}" GPUS_PER_NODE="${GPUS_PER_NODE}" \
-    MAXTEXT_PRINT_ONLY=1 bash "${HERE}/train.sbatch" "${MODEL}" "quantization=${QUANT}" "gpu_type=${GPU}" \
+    MAXTEXT_REPO="${REPO}" MAXTEXT_NSYS="${NSYS}" MAXTEXT_PRINT_ONLY=1 bash "${HERE}/train.sbatch" "${MODEL}" "quantization=${QUANT}" "gpu_type=${GPU}" \
     "run_name=${RUN_NAME}" "dcn_data_parallelism=-1" "${EXTRA[@]}"
   exit 0
 fi
-mkdir -p "${OUTPUT_DIR}/${RUN_NAME}"
+mkdir -p "${OUTPUT_DIR}/${RUN_NAME}" ${NSYS:+"${OUTPUT_DIR}/nsys"}
 "${SBATCH[@]}"

@@ -54,8 +54,18 @@ def test_parity_harness_writes_curves_table_plot_and_resumes(tmp_path, capsys):
 
 def test_throughput_table(tmp_path, capsys):
   assert throughput.main(["--config", str(REPO / "configs" / "llama3_tiny.yml"), "--steps", "2", "--warmup", "1",
-                          "--modes", "bf16,te_nvfp4", "--json", str(tmp_path / "t.json"), *SMALL]) == 0
+                          "--profile-steps", "1", "--modes", "bf16,te_nvfp4", "--json", str(tmp_path / "t.json"),
+                          "--out", str(tmp_path / "runs"), *SMALL]) == 0
   out = capsys.readouterr().out
   assert "| mode | median step (s) |" in out and "| te_nvfp4 |" in out
   rows = json.loads((tmp_path / "t.json").read_text())["rows"]
   assert rows[0]["ratio"] == 1.0 and rows[1]["tokens_per_device"] == pytest.approx(8 * 32 / rows[1]["median_s"])
+  # The breakdown, by the compiled ops' dtypes: XLA on CPU keeps the forward GEMMs on bf16 operands (it
+  # widens bf16-output ones to f32); the quantizers make te_nvfp4's elementwise share the larger.
+  assert "| mode | device ms/step |" in out
+  bf16, nvfp4 = ({c["category"]: c["ms_per_step"] for c in r["profile"]["categories"]} for r in rows)
+  assert bf16["gemm bf16"] > 0 and nvfp4["gemm bf16"] > 0
+  assert nvfp4["quantization/elementwise"] > bf16["quantization/elementwise"]
+  # The trace itself, for TensorBoard's profile plugin and for Perfetto.
+  profile_dir = tmp_path / "runs" / "te_nvfp4" / "tensorboard" / "plugins" / "profile"
+  assert list(profile_dir.glob("*/*.xplane.pb")) and list(profile_dir.glob("*/perfetto_trace.json.gz"))

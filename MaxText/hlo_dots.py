@@ -1,0 +1,65 @@
+"""GEMM FLOPs by operand dtype, read from a lowered module's StableHLO text (what XLA is handed, any backend).
+
+Counts every `stablehlo.dot_general` as 2 x (result elements) x (contracted elements), weighted by how
+many times its function is called from `main` (jitted helpers lower to private functions). Loop
+bodies count once: lower with unrolled layers and one micro-batch to count a whole step.
+"""
+
+import collections
+import math
+import re
+
+_FUNC = re.compile(r"func\.func (?:public |private )?@([\w.$-]+)\(")
+_CALL = re.compile(r"\bcall @([\w.$-]+)\(")
+_DOT = re.compile(r"stablehlo\.dot_general .*?contracting_dims = \[([\d, ]*)\] x \[[\d, ]*\].*?"
+                  r":\s*\(tensor<([^>]*)>, tensor<([^>]*)>\)\s*->\s*tensor<([^>]*)>")
+TENSOR_CORE_DTYPES = frozenset({"bf16", "f16", "f8E4M3FN", "f8E5M2", "f4E2M1FN"})
+
+
+def _shape_and_dtype(tensor_type):
+  *dims, dtype = tensor_type.split("x")
+  return [int(d) for d in dims], dtype
+
+
+def _functions(text):
+  """{function name: its body lines} of an MLIR module."""
+  bodies, name = collections.defaultdict(list), None
+  for line in text.splitlines():
+    match = _FUNC.search(line)
+    if match:
+      name = match.group(1)
+    elif name is not None:
+      bodies[name].append(line)
+  return bodies
+
+
+def dot_flops_by_dtype(stablehlo_text, entry="main"):
+  """{(lhs dtype, rhs dtype): FLOPs} of every dot reachable from `entry`, with call multiplicities."""
+  bodies = _functions(stablehlo_text)
+  memo = {}
+
+  def flops_of(name):
+    if name not in memo:
+      memo[name] = collections.Counter()  # recursion guard (MLIR functions are not recursive)
+      total = collections.Counter()
+      for line in bodies.get(name, ()):
+        dot = _DOT.search(line)
+        if dot:
+          contracting = [int(i) for i in dot.group(1).replace(" ", "").split(",") if i]
+          lhs_shape, lhs_dtype = _shape_and_dtype(dot.group(2))
+          _, rhs_dtype = _shape_and_dtype(dot.group(3))
+          out_shape, _ = _shape_and_dtype(dot.group(4))
+          total[(lhs_dtype, rhs_dtype)] += 2 * math.prod(out_shape) * math.prod(lhs_shape[i] for i in contracting)
+        for callee in _CALL.findall(line):
+          total.update(flops_of(callee))
+      memo[name] = total
+    return memo[name]
+
+  return dict(flops_of(entry))
+
+
+def tensor_core_share(flops_by_dtype):
+  """Fraction of dot FLOPs whose operands are both tensor-core dtypes (bf16 / f16 / f8 / f4)."""
+  total = sum(flops_by_dtype.values())
+  fast = sum(f for (a, b), f in flops_by_dtype.items() if a in TENSOR_CORE_DTYPES and b in TENSOR_CORE_DTYPES)
+  return fast / total if total else 1.0

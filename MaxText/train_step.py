@@ -1,0 +1,68 @@
+"""The pure step functions: loss of a micro-batch, the jitted train step (accumulation, clipping, AdamW), eval."""
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from MaxText.model.decoder import GEMMS
+from MaxText.quantization import stats as quant_stats
+
+
+def loss_terms(model, batch, layer_precisions, key, stats_sinks=None):
+  """(sum of weighted token cross-entropies, sum of weights) for one micro-batch."""
+  logits = model(batch["inputs"], batch["positions"], batch["segment_ids"], layer_precisions=layer_precisions,
+                 key=key, stats_sinks=stats_sinks)
+  xent = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+  return jnp.sum(xent * batch["weights"]), jnp.sum(batch["weights"])
+
+
+def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0, state_shardings=None):
+  """The jitted step: gradient accumulation over micro-batches, clipping and AdamW (state donated).
+
+  With `num_layers` > 0 the step also returns quantization telemetry ("quant_stats": {gemm:
+  [layers, roles, stats]}, averaged over micro-batches) through zero sinks' gradients.
+  """
+  sinks = {g: jnp.zeros((num_layers, len(quant_stats.ROLES), len(quant_stats.STATS))) for g in GEMMS}
+
+  def micro_grads(params, rest, micro_batch, key):
+    """Loss terms and gradients w.r.t. the parameters, `rest` (the amax histories: their gradient is the
+    new history) and the telemetry sinks (their gradient is the stats)."""
+    def loss_sum(p, r, s):
+      return loss_terms(nnx.merge(graphdef, p, r), micro_batch, plan.layer_ranges, key, s or None)
+    return jax.value_and_grad(loss_sum, argnums=(0, 1, 2), has_aux=True)(params, rest, sinks if num_layers else {})
+
+  def step_fn(params, rest, opt_state, batch, step):
+    step_key = jax.random.fold_in(jax.random.key(seed), step)
+    micro = jax.tree.map(lambda a: a.reshape(accumulation_steps, -1, *a.shape[1:]), batch)
+
+    def accumulate(carry, xs):
+      micro_batch, index = xs
+      acc_xent, acc_weight, acc_grads, acc_stats, rest = carry
+      (xent, weight), (grads, new_rest, stats) = micro_grads(params, rest, micro_batch,
+                                                             jax.random.fold_in(step_key, index))
+      # Each micro-batch quantizes with the histories the previous one left (TE's behaviour).
+      return (acc_xent + xent, acc_weight + weight, jax.tree.map(jnp.add, acc_grads, grads),
+              jax.tree.map(jnp.add, acc_stats, stats), new_rest), None
+
+    zeros = jax.tree.map(jnp.zeros_like, (params, sinks if num_layers else {}))
+    (xent, weights, grads, stats, rest), _ = jax.lax.scan(accumulate, (0.0, 0.0, *zeros, rest),
+                                                          (micro, jnp.arange(accumulation_steps)))
+    grads = jax.tree.map(lambda g: g / jnp.maximum(weights, 1.0), grads)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    step_metrics = {"loss": xent / jnp.maximum(weights, 1.0), "total_weights": weights,
+                    "grad_norm": optax.tree.norm(grads)}
+    if num_layers:
+      step_metrics["quant_stats"] = jax.tree.map(lambda s: s / accumulation_steps, stats)
+    return params, rest, opt_state, step_metrics
+
+  out_shardings = None if state_shardings is None else (state_shardings[0], None, state_shardings[1], None)
+  return jax.jit(step_fn, donate_argnums=(0, 2), out_shardings=out_shardings)
+
+
+def make_eval_step(graphdef, plan):
+  """Jitted (sum of token losses, sum of weights) of one batch under the plan's forward numerics."""
+  def eval_fn(params, rest, batch):
+    return loss_terms(nnx.merge(graphdef, params, rest), batch, plan.layer_ranges, jax.random.key(0))
+  return jax.jit(eval_fn)
