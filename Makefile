@@ -1,9 +1,10 @@
-# Two commands: `make train` (set up and train llama3_tiny) and `make test`.
+# `make train` (set up and train llama3_tiny with NVFP4 MLP GEMMs), `make compare` (the same against BF16,
+# loss curves and table) and `make test`.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup data train test test-all bench clean
+.PHONY: setup data train compare test test-all bench clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +21,10 @@ data/shakespeare/metadata.json: scripts/prepare_data.py | $(VENV)/.installed
 data: setup data/shakespeare/metadata.json
 
 train: data
-	$(PY) train.py configs/llama3_tiny.yml $(ARGS)
+	$(PY) train.py configs/llama3_tiny.yml quantization=te_nvfp4 $(ARGS)
+
+compare: data
+	$(PY) benchmarks/parity.py --config configs/llama3_tiny.yml --modes bf16,te_nvfp4 --steps 200 --out outputs/compare $(ARGS)
 
 test: setup
 	$(PY) -m pytest -q -n 2 tests

@@ -6,7 +6,14 @@ no half checkpoint behind; a checkpoint that is there but unreadable (corrupt fi
 and the previous one is used instead. Never a silent restart from step 0.
 """
 
+import contextlib
+import logging
 import pathlib
+import re
+import sys
+import threading
+import traceback
+import warnings
 
 import jax
 import orbax.checkpoint as ocp
@@ -27,7 +34,13 @@ class Checkpointer:
   def __init__(self, directory, *, period, max_to_keep, async_save):
     self.directory = pathlib.Path(directory).absolute()
     self.period = period
-    self._manager = ocp.CheckpointManager(
+    self._log_path = self.directory.parent / "checkpoint_errors.log"
+    self.directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(self._log_path, "a", encoding="utf-8") as log, _logger_to("absl", log):
+      self._manager = self._make_manager(max_to_keep, async_save)
+
+  def _make_manager(self, max_to_keep, async_save):
+    return ocp.CheckpointManager(
         self.directory, item_names=("state", "data"),
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep or None, enable_async_checkpointing=async_save,
                                              create=True, cleanup_tmp_directories=True))
@@ -47,25 +60,51 @@ class Checkpointer:
   def restore_latest(self, state_template):
     """(step, state, data_state) from the newest readable checkpoint, or None when there is none.
 
-    An unreadable checkpoint is reported and skipped; if every one is unreadable, CheckpointError.
+    Unreadable newer checkpoints are reported and moved aside to `<step>.corrupt`, so that the run
+    writes those steps again and retention only ever counts readable ones. A checkpoint of another
+    model shape is a CheckpointError (the config changed), as is having no readable one at all.
+    Orbax's tracebacks from the failed reads go to `<run dir>/checkpoint_errors.log`, not stderr.
     """
-    steps = self.steps()
     failures = []
-    for step in reversed(steps):
-      try:
-        restored = self._manager.restore(step, args=ocp.args.Composite(state=_state_args(state_template, True),
-                                                                       data=ocp.args.JsonRestore()))
-      except Exception as e:  # orbax/tensorstore raise many types for damaged files
-        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        failures.append(step)
-        print(f"warning: checkpoint {self.directory}/{step} is unreadable ({reason}); trying the previous one",
-              flush=True)
-        continue
-      return step, restored["state"], dict(restored["data"] or {})
+    log = _orbax_noise_to(self._log_path)
+    with contextlib.redirect_stderr(log), _logger_to("absl", log):
+      for step in reversed(self.steps()):
+        try:
+          restored = self._manager.restore(step, args=ocp.args.Composite(
+              state=_state_args(state_template, True), data=ocp.args.JsonRestore()))
+        except Exception as e:  # orbax/tensorstore raise many types for damaged files
+          message = str(e)
+          traceback.print_exception(e, file=log)
+          if "not compatible with the stored shape" in message:
+            raise CheckpointError(f"checkpoint {self.directory}/{step} holds another model shape "
+                                  f"({_shape_mismatch(message)}): resume with the config it was trained with, or "
+                                  "pick another run_name") from None
+          reason = message.splitlines()[0][:200] if message else type(e).__name__
+          failures.append(step)
+          print(f"warning: checkpoint {self.directory}/{step} is unreadable ({reason}); trying the previous one",
+                flush=True)
+          continue
+        for bad in failures:
+          print(f"moved the unreadable checkpoint {self.directory}/{bad} aside to "
+                f"{self._move_aside(bad).name} (the run writes step {bad} again when it gets there)", flush=True)
+        if failures:
+          self._manager.reload()
+        return step, restored["state"], dict(restored["data"] or {})
     if failures:
       raise CheckpointError(f"no readable checkpoint in {self.directory} (tried steps {failures}); move the "
                             "directory away (or pick another run_name) to start from step 0")
     return None
+
+  def _move_aside(self, step):
+    """<step> -> <step>.corrupt (.corrupt.1, ... if taken); process 0 renames, on a filesystem all processes share."""
+    target = self.directory / f"{step}.corrupt"
+    n = 0
+    while target.exists():
+      n += 1
+      target = self.directory / f"{step}.corrupt.{n}"
+    if jax.process_index() == 0:
+      (self.directory / str(step)).rename(target)
+    return target
 
   def wait(self):
     self._manager.wait_until_finished()
@@ -73,6 +112,43 @@ class Checkpointer:
   def close(self):
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def _orbax_noise_to(path):
+  """A log file (kept open) that also receives what Orbax's threads raise after a failed read, for the process's life.
+
+  A failed restore leaves tensorstore callbacks that hit a closed event loop later, each printing a
+  traceback from a background thread (and coroutines never awaited, warned about at exit); they belong
+  in the log, not around the one line the user needs. Later warnings of the process go there too.
+  """
+  log = open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+  sys.unraisablehook = lambda u: traceback.print_exception(u.exc_value, file=log)
+  threading.excepthook = lambda a: traceback.print_exception(a.exc_value, file=log)
+  warnings.showwarning = (lambda message, category, filename, lineno, file=None, line=None:
+                          log.write(warnings.formatwarning(message, category, filename, lineno, line)))
+  asyncio_logger = logging.getLogger("asyncio")  # "Task exception was never retrieved", at garbage collection
+  asyncio_logger.addHandler(logging.StreamHandler(log))
+  asyncio_logger.propagate = False
+  return log
+
+
+@contextlib.contextmanager
+def _logger_to(name, stream):
+  """Within the block, the `name` logger writes to `stream` only."""
+  logger, handler = logging.getLogger(name), logging.StreamHandler(stream)
+  propagate, logger.propagate = logger.propagate, False
+  logger.addHandler(handler)
+  try:
+    yield
+  finally:
+    logger.removeHandler(handler)
+    logger.propagate = propagate
+
+
+def _shape_mismatch(message):
+  """'stored (a, b), this config (c, d)' from Orbax's shape error."""
+  found = re.search(r"Requested shape: (\([^)]*\)).*?stored shape: (\([^)]*\))", message, re.S)
+  return f"a parameter stored as {found.group(2)} is {found.group(1)} in this config" if found else "shapes differ"
 
 
 def restore_step_dir(path, state_template):

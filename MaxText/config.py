@@ -64,8 +64,10 @@ SCHEMA = {
     "quantization_bf16_first_layers": Key(int, 0, "keep this many first decoder layers unquantized (BF16)"),
     "quantization_bf16_last_layers": Key(int, 0, "keep this many last decoder layers unquantized (BF16)"),
     "high_precision_from_step": Key(int, -1, "run every GEMM in BF16 from this step on (-1 = never)"),
-    "quantization_backend": Key(str, "auto", "auto: Transformer Engine where it can run the recipe, else emulated",
-                                ("auto", "te", "emulate")),
+    "quantization_backend": Key(str, "auto", "auto: Transformer Engine where it can run the recipe, else xla where "
+                                "its block-scaled dot is a native FP4 GEMM (SM100+), else emulate; te; xla "
+                                "(jax.nn.scaled_matmul on our NVFP4 operands, NVIDIA GPUs); emulate (pure JAX)",
+                                ("auto", "te", "xla", "emulate")),
     "disable_rht": Key(bool, False, "NVFP4: no Random Hadamard Transform on the wgrad operands"),
     "disable_stochastic_rounding": Key(bool, False, "NVFP4: round gradients to nearest instead of stochastically"),
     "disable_2d_quantization": Key(bool, False, "NVFP4: 1x16 blocks for weights instead of 16x16 tiles"),
@@ -173,13 +175,17 @@ def _coerce(name, value, where):
       if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
         raise ValueError
       out = int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+      if not -2**63 <= out < 2**63:
+        raise ConfigError(f"{where}: {name}={value!r} is out of range (a 64-bit integer)")
     elif key.type is float:
       if isinstance(value, bool):
         raise ValueError
       out = float(value)
     else:
       out = "" if value is None else str(value)
-  except (TypeError, ValueError):
+  except ConfigError:
+    raise
+  except (TypeError, ValueError, OverflowError):
     raise ConfigError(f"{where}: {name}={value!r} is not a valid {key.type.__name__}") from None
   if key.choices and out not in key.choices:
     shown = ", ".join(repr(c) if c == "" else c for c in key.choices)
@@ -193,13 +199,30 @@ def _unknown(name, where):
   return ConfigError(f"{where}: unknown key '{name}'{hint}")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+  """safe_load that refuses a key given twice in one mapping (YAML would silently keep the last)."""
+
+  def construct_mapping(self, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+      key = self.construct_object(key_node, deep=deep)
+      if key in seen:
+        raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
+      seen.add(key)
+    return super().construct_mapping(node, deep)
+
+
 def _load_yaml(path: pathlib.Path, seen=()):
   if not path.is_file():
     raise ConfigError(f"config file not found: {path}")
   if path.resolve() in seen:
     raise ConfigError(f"{path}: base_config cycle through {path.name}")
   try:
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+  except OSError as e:
+    raise ConfigError(f"{path}: can't read the config file ({e.strerror or e})") from None
+  except UnicodeDecodeError as e:
+    raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save the config as UTF-8") from None
   except yaml.YAMLError as e:
     line = getattr(getattr(e, "problem_mark", None), "line", None)
     at = f" line {line + 1}" if line is not None else ""
@@ -280,6 +303,9 @@ def _validate(c):
   if min(c.quantization_bf16_first_layers, c.quantization_bf16_last_layers) < 0 or edge > c.base_num_decoder_layers:
     raise ConfigError(f"quantization_bf16_first_layers + quantization_bf16_last_layers = {edge} must be between 0 "
                       f"and base_num_decoder_layers={c.base_num_decoder_layers}")
+  if c.run_name in (".", "..") or any(sep in c.run_name for sep in ("/", "\\", "\0")):
+    raise ConfigError(f"run_name={c.run_name!r} must be a plain directory name (no '/', '..'): outputs go to "
+                      "base_output_directory/run_name")
   if c.head_dim % 2:
     raise ConfigError(f"head_dim={c.head_dim} must be even (RoPE rotates pairs)")
 
@@ -343,4 +369,13 @@ def write_base_yml(path):
 
 
 if __name__ == "__main__":
-  print(write_base_yml(None), end="")
+  import sys  # pylint: disable=import-outside-toplevel
+  if sys.argv[1:2] == ["--check"]:  # python -m MaxText.config --check CONFIG [key=value ...] (submit.sh)
+    try:
+      load(sys.argv[2] if len(sys.argv) > 2 else "", sys.argv[3:])
+    except ConfigError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+    print("config ok")
+  else:
+    print(write_base_yml(None), end="")

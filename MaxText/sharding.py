@@ -171,6 +171,11 @@ def check_quantization_blocks(cfg, mesh_sizes, block_sizes):
         raise ShardingError(f"{gemm} GEMM: a shard holds {dims[logical] // shards} of its {logical} dimension "
                             f"({dims[logical]} over {shards}), not a multiple of the {block}-element quantization "
                             "blocks; use fewer shards on that axis or keep that GEMM in bf16")
+    micro_tokens = cfg.per_device_batch_size * cfg.max_target_length / cfg.gradient_accumulation_steps
+    if micro_tokens == int(micro_tokens) and int(micro_tokens) % block:
+      raise ShardingError(f"{gemm} GEMM: its wgrad operands are quantized in {block}-token blocks, but a micro-batch "
+                          f"holds {micro_tokens:g} tokens per device (per_device_batch_size x max_target_length / "
+                          f"gradient_accumulation_steps); make that a multiple of {block} or keep that GEMM in bf16")
     context = mesh_sizes.get("context", 1)
     tokens_per_shard = cfg.max_target_length // context
     if context > 1 and tokens_per_shard % block:

@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from MaxText import (accounting, checkpointing, config as config_lib, data, distributed, metrics, optimizer,
                      precision, profiling, sharding, train_step)
 from MaxText.model.decoder import Transformer
+from MaxText.quantization import backends
 
 log = logging.getLogger("MaxText")
 
@@ -33,7 +34,7 @@ class UserError(Exception):
 
 # Mistakes the user can fix: the CLI prints them as one line and exits 2.
 USER_ERRORS = (config_lib.ConfigError, UserError, data.DataError, data.TokenizerError, checkpointing.CheckpointError,
-               sharding.ShardingError, distributed.DistributedError)
+               sharding.ShardingError, distributed.DistributedError, backends.BackendError)
 
 
 def device_memory_gib(cfg, devices):
@@ -211,6 +212,25 @@ def _global_batch(batch, batch_sharding):
 
 def train(cfg):
   """Train per `cfg`; returns the per-step losses of the steps this invocation ran."""
+  # SIGTERM from here on is a clean stop: before the loop, nothing trained; in it, after a checkpoint.
+  with _Preemption() as preemption:
+    return _train(cfg, preemption)
+
+
+def _check_writable(out_dir):
+  """The run directory exists (created) and takes files: a clear error now, not after compiling."""
+  try:
+    os.makedirs(out_dir, exist_ok=True)
+    probe = os.path.join(out_dir, ".write_test")
+    with open(probe, "w", encoding="utf-8"):
+      pass
+    os.remove(probe)
+  except OSError as e:
+    raise UserError(f"can't write the run directory {out_dir} ({e.strerror or e}); set base_output_directory to "
+                    "a writable directory") from None
+
+
+def _train(cfg, preemption):
   process_index, process_count = distributed.initialize(cfg)
   devices = jax.devices()
   num_devices, num_processes = (planned_devices(cfg, len(devices)) if cfg.dry_run
@@ -221,14 +241,19 @@ def train(cfg):
   text, mem = summary(cfg, run_shape, mesh_sizes)
   print(text)
   print("precision plan:\n" + precision.format_plan(plan, cfg))
-  if cfg.high_precision_from_step >= 0:
+  if 0 <= cfg.high_precision_from_step < cfg.steps:
     print(f"from step {cfg.high_precision_from_step}: every GEMM in bf16")
+  elif cfg.high_precision_from_step >= cfg.steps:
+    print(f"high_precision_from_step={cfg.high_precision_from_step} is past the last step (steps={cfg.steps}): "
+          "every step runs the plan above")
   if cfg.dry_run:
     fits, need, have, what = memory_check(cfg, mem, devices)
     print(f"memory check: {need:.1f} GiB per device {'fits' if fits else 'does NOT fit'} in {have:.1f} GiB "
           f"({what})")
     return []
   preflight(cfg, mem, devices)
+  out_dir = run_dir(cfg)
+  _check_writable(out_dir)
 
   mesh = sharding.make_mesh(cfg, devices)
   batch_sharding = sharding.batch_sharding(mesh)
@@ -238,13 +263,15 @@ def train(cfg):
     graphdef, params, rest = _init_sharded(cfg, mesh)
     tx = optimizer.make_optimizer(cfg)
     state = _train_state(params, rest, jax.jit(tx.init)(params))
-  out_dir = run_dir(cfg)
   checkpointer = None
   if cfg.enable_checkpointing:
     checkpointer = checkpointing.Checkpointer(os.path.join(out_dir, "checkpoints"), period=cfg.checkpoint_period,
                                               max_to_keep=cfg.max_num_checkpoints_to_keep,
                                               async_save=cfg.async_checkpointing)
   start_step, state, data_state = _initial_state(cfg, checkpointer, state)
+  if start_step >= cfg.steps:
+    print(f"the run is at step {start_step} already (steps={cfg.steps}): nothing to train; raise steps to go on",
+          flush=True)
   if data_state:
     own = data_state.get(str(process_index))
     if own is None:
@@ -282,6 +309,8 @@ def train(cfg):
 
   def save(force=False):
     if checkpointer is not None:
+      if force or step % checkpointer.period == 0:
+        writer.flush()  # the metrics reach disk no later than the checkpoint that covers them
       checkpointer.save(step, _train_state(params, rest, opt_state), _data_states(data_iter), force=force)
 
   def log_step(logged_step, step_plan, step_metrics, since):
@@ -306,9 +335,12 @@ def train(cfg):
     return record
 
   try:
-    with _Preemption() as preemption, jax.set_mesh(mesh):
+    with jax.set_mesh(mesh):
+      if preemption.requested and step < cfg.steps:
+        print(f"SIGTERM before step {step}: stopped, nothing trained" + (
+            f" (the checkpoint at step {step} is unchanged)" if step else ""), flush=True)
       last = time.perf_counter()
-      while step < cfg.steps:
+      while step < cfg.steps and not preemption.requested:
         batch = _global_batch(next(data_iter), batch_sharding)
         step_plan, step_fn = train_step_for(step)
         profiler.before_step(step)

@@ -24,6 +24,19 @@ from MaxText import config, train  # noqa: E402
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "B200": 2250.0, "GB200": 2500.0, "B300": 2250.0, "GB300": 2500.0}
 
 
+def fail(message):
+  """A user error: one line on stderr and exit code 2, as the trainer's CLI."""
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  raise SystemExit(2)
+
+
+def load_configs(config_path, overrides, modes):
+  """[(label, Config)] for every mode, all validated before any trains (a bad last mode fails first)."""
+  if not modes:
+    fail("--modes names no mode (e.g. --modes bf16,te_nvfp4)")
+  return [load_config(config_path, overrides, mode) for mode in modes]
+
+
 def argument_parser(doc, default_modes, default_steps):
   """--config, --modes, --steps; any other key=value argument is a trainer override (parse_known_args)."""
   parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,7 +61,7 @@ def parse_mode(mode: str):
   recipe, *knobs = mode.split(":")
   for knob in knobs:
     if "=" not in knob:
-      raise SystemExit(f"error: mode {mode!r}: {knob!r} is not key=value (e.g. te_nvfp4:disable_rht=true)")
+      fail(f"mode {mode!r}: {knob!r} is not key=value (e.g. te_nvfp4:disable_rht=true)")
   name = "" if recipe in ("bf16", "none", "") else recipe
   return mode, [f"quantization={name}"] + knobs
 
@@ -58,7 +71,7 @@ def load_config(config_path, overrides, mode):
   try:
     return label, config.load(config_path, list(overrides) + mode_overrides)
   except config.ConfigError as e:
-    raise SystemExit(f"error: {e}") from e
+    fail(f"mode {label}: {e}")
 
 
 def run_dir_name(label):
@@ -91,4 +104,4 @@ def train_mode(cfg):
   try:
     return train.train(cfg)
   except train.USER_ERRORS as e:
-    raise SystemExit(f"error: {e}") from e
+    fail(str(e))

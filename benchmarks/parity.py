@@ -116,16 +116,24 @@ def plot(curves, eval_curves, path, title):
 
 
 def run_modes(config_path, overrides, modes, steps, out):
-  """Train every mode (resuming unfinished ones); ({mode: losses}, {mode: {step: eval loss}})."""
+  """Train every mode (resuming unfinished ones); ({mode: losses}, {mode: {step: eval loss}}).
+
+  Every mode's config is checked before the first trains; a run directory is reused only for the
+  settings it was trained with (OUT/runs/<mode>/parity_settings.json), never relabelled.
+  """
+  configs = modes_lib.load_configs(config_path, [*overrides, f"steps={steps}", f"base_output_directory={out / 'runs'}",
+                                                 f"checkpoint_period={max(10, steps // 10)}", "enable_checkpointing=true",
+                                                 "max_num_checkpoints_to_keep=1", "enable_tensorboard=false"], modes)
   curves, evals = {}, {}
-  for mode in modes:
+  for mode, (label, cfg) in zip(modes, configs):
     run_dir = out / "runs" / modes_lib.run_dir_name(mode)
+    settings = {"config": str(config_path), "overrides": list(overrides), "mode": mode}
+    _check_settings(run_dir, settings)
     records = modes_lib.read_metrics(run_dir)
     if len(records) < steps or any(s not in records for s in range(steps)):
-      label, cfg = modes_lib.load_config(config_path, list(overrides) + [
-          f"steps={steps}", f"base_output_directory={out / 'runs'}", f"run_name={modes_lib.run_dir_name(mode)}",
-          "enable_checkpointing=true", f"checkpoint_period={max(10, steps // 10)}", "max_num_checkpoints_to_keep=1",
-          "enable_tensorboard=false"], mode)
+      cfg = cfg.replace(run_name=modes_lib.run_dir_name(mode))
+      run_dir.mkdir(parents=True, exist_ok=True)
+      (run_dir / "parity_settings.json").write_text(json.dumps(settings) + "\n", encoding="utf-8")
       print(f"=== {label}", flush=True)
       modes_lib.train_mode(cfg)
       records = modes_lib.read_metrics(run_dir)
@@ -134,15 +142,26 @@ def run_modes(config_path, overrides, modes, steps, out):
   return curves, evals
 
 
+def _check_settings(run_dir, settings):
+  """A run directory from other settings (or of unknown ones) is an error, not a curve to relabel."""
+  if not (run_dir / "metrics.jsonl").exists():
+    return
+  path = run_dir / "parity_settings.json"
+  stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+  if stored != settings:
+    was = (f"config {stored['config']} with overrides {' '.join(stored['overrides']) or '(none)'}" if stored
+           else "unknown settings")
+    modes_lib.fail(f"{run_dir} holds a {settings['mode']} run from {was}, not {settings['config']} with "
+                   f"{' '.join(settings['overrides']) or '(none)'}; use another --out or delete {run_dir}")
+
+
 def main(argv=None):
   parser = modes_lib.argument_parser(__doc__, DEFAULT_MODES, default_steps=1000)
   parser.add_argument("--converged", type=float, default=0.3, help="fraction of final steps for the gap")
   parser.add_argument("--out", default="parity_out")
   args, overrides = parser.parse_known_args(argv)
   if args.steps < 2 or not 0 < args.converged <= 1:
-    raise SystemExit("error: --steps must be >= 2 and --converged in (0, 1]")
-  for mode in args.modes:
-    modes_lib.parse_mode(mode)
+    modes_lib.fail("--steps must be >= 2 and --converged in (0, 1]")
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   curves, evals = run_modes(args.config, overrides, args.modes, args.steps, out)

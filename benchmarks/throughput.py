@@ -41,6 +41,8 @@ def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps
       f"steps={warmup + steps + profile_steps}", f"base_output_directory={out_dir}",
       f"run_name={modes_lib.run_dir_name(mode)}", "enable_checkpointing=false", "eval_interval=0",
       "enable_tensorboard=false"], mode) for mode in modes]  # every mode checked before the first trains
+  if not configs:
+    modes_lib.fail("--modes names no mode (e.g. --modes bf16,te_nvfp4)")
   for mode, (label, cfg) in zip(modes, configs):
     modes_lib.train_mode(cfg)
     run_dir = pathlib.Path(out_dir) / modes_lib.run_dir_name(mode)
@@ -96,7 +98,7 @@ def main(argv=None):
   parser.add_argument("--no-gpu-xla-flags", action="store_true", help="don't add MaxText/xla_flags.py's flags")
   args, overrides = parser.parse_known_args(argv)
   if args.steps <= 0 or args.warmup < 1 or args.profile_steps < 0:
-    raise SystemExit("error: --steps must be > 0, --warmup >= 1 (the first step compiles), --profile-steps >= 0")
+    modes_lib.fail("--steps must be > 0, --warmup >= 1 (the first step compiles), --profile-steps >= 0")
   if not args.no_gpu_xla_flags:
     xla_flags.apply_if_gpu()  # before jax starts its backend
   with tempfile.TemporaryDirectory() as tmp:

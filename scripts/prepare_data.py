@@ -69,7 +69,15 @@ def local_files(patterns):
   paths = sorted({p for pattern in patterns for p in glob.glob(pattern)})
   if not paths:
     fail(f"--text-files {' '.join(patterns)} matches no files")
-  return [pathlib.Path(p).read_text(encoding="utf-8", errors="replace") for p in paths]
+  texts = []
+  for path in paths:
+    raw = pathlib.Path(path).read_bytes()
+    try:
+      texts.append(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+      line = raw[:e.start].count(b"\n") + 1
+      fail(f"{path} is not UTF-8 text (byte {e.start}, line {line}); convert it (e.g. iconv -t UTF-8) and rerun")
+  return texts
 
 
 def documents(texts, doc_chars):
@@ -175,6 +183,9 @@ def main(argv=None):
     fail(f"the input holds {len(docs)} document(s); need at least 2 (one for eval)")
   train_docs = [d for i, d in enumerate(docs) if i % args.eval_every != args.eval_every - 1]
   eval_docs = [d for i, d in enumerate(docs) if i % args.eval_every == args.eval_every - 1]
+  if len(train_docs) < args.num_shards:
+    fail(f"{len(train_docs)} training documents can't fill --num-shards {args.num_shards} (a shard would be "
+         f"empty); use --num-shards {len(train_docs)} or fewer, or a smaller --doc-chars")
 
   tokenizer_type, tokenizer_path = args.tokenizer_type, args.tokenizer_path
   if args.train_tokenizer:

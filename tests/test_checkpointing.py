@@ -1,6 +1,7 @@
 """Checkpoints: bit-exact resume after SIGTERM (synthetic and grain data, BF16 and NVFP4), corrupt-checkpoint
 fallback, load paths, and a NaN loss that keeps the last good checkpoint."""
 
+import json
 import os
 import pathlib
 import signal
@@ -88,6 +89,9 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
   assert "checkpoints/7 is unreadable" in out and "checkpoints/6 is unreadable" in out
   assert f"resuming from checkpoint {tmp_path}/r/checkpoints/3" in out
   assert resumed == full[3:]
+  # The damaged steps were moved aside and written again by the resumed run.
+  ckpts = tmp_path / "r" / "checkpoints"
+  assert sorted(p.name for p in ckpts.iterdir()) == ["3", "6", "6.corrupt", "7", "7.corrupt"]
   for step in ("7", "6", "3"):
     _corrupt(tmp_path / "r" / "checkpoints" / step)
   assert train.main([str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, f"base_output_directory={tmp_path}",
@@ -116,3 +120,39 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_pat
   bad_step = int(err.split("at step ")[1].split(";")[0])
   kept = sorted(int(p.name) for p in (tmp_path / "nan" / "checkpoints").iterdir() if p.name.isdigit())
   assert kept[-1] == bad_step and np.isfinite(bad_step)
+
+
+def _cli(tmp_path, *extra, run="cli"):
+  return subprocess.run([sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL,
+                         f"base_output_directory={tmp_path}", f"run_name={run}", "enable_checkpointing=true",
+                         "checkpoint_period=2", "async_checkpointing=false", *extra],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_damaged_changed_and_finished_runs_lose_nothing(tmp_path):
+  """One run (checkpoints 2, 4) resumed four ways: another model shape (named, nothing moved), a finished
+  run (nothing to train), damage at 4 plus a junk 99 with keep=2 (both moved aside, 4 rewritten,
+  retention keeps the readable 4 and 6, Orbax's noise off stderr), and the rewritten steps read back."""
+  assert _cli(tmp_path, "steps=4", "max_num_checkpoints_to_keep=2").returncode == 0
+  ckpts = tmp_path / "cli" / "checkpoints"
+
+  proc = _cli(tmp_path, "steps=6", "base_mlp_dim=96")
+  assert proc.returncode == 2 and proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
+  assert proc.stderr.startswith(f"error: checkpoint {ckpts}/4 holds another model shape (a parameter stored as ")
+  assert sorted(p.name for p in ckpts.iterdir()) == ["2", "4"]  # not moved aside: it is not damaged
+
+  proc = _cli(tmp_path, "steps=3")
+  assert proc.returncode == 0 and "the run is at step 4 already (steps=3): nothing to train" in proc.stdout
+
+  _corrupt(ckpts / "4")
+  (ckpts / "99").mkdir()
+  proc = _cli(tmp_path, "steps=6", "max_num_checkpoints_to_keep=2")
+  assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]  # Orbax's noise went to the log
+  assert f"resuming from checkpoint {ckpts}/2" in proc.stdout
+  assert f"moved the unreadable checkpoint {ckpts}/4 aside to 4.corrupt" in proc.stdout
+  assert sorted(p.name for p in ckpts.iterdir()) == ["4", "4.corrupt", "6", "99.corrupt"]
+  assert (tmp_path / "cli" / "checkpoint_errors.log").stat().st_size > 0
+  assert "resuming from checkpoint " + str(ckpts / "6") in _cli(tmp_path, "steps=7").stdout  # 6 is readable
+  # Every step's metrics row reached disk with its checkpoint.
+  rows = [json.loads(l)["step"] for l in (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()]
+  assert rows == [0, 1, 2, 3, 2, 3, 4, 5, 6]

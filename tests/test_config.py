@@ -49,6 +49,10 @@ def test_llama_configs_have_the_published_shapes():
     ("novalue", "expected key=value, got 'novalue'"),
     ("amax_history_len=0", "amax_history_len=0 must be >= 1"),
     ("ici_fsdp_parallelism=x", "ici_fsdp_parallelism"),
+    ("steps=1e400", "steps='1e400' is not a valid int"),
+    ("seed=99999999999999999999", "seed='99999999999999999999' is out of range (a 64-bit integer)"),
+    ("run_name=../../x", "run_name='../../x' must be a plain directory name"),
+    ("run_name=..", "run_name='..' must be a plain directory name"),
 ])
 def test_override_errors(override, message):
   with pytest.raises(config.ConfigError) as e:
@@ -67,6 +71,18 @@ def test_file_errors(tmp_path):
   typo.write_text("stesp: 3\n")
   with pytest.raises(config.ConfigError, match=r"typo.yml: unknown key 'stesp' \(did you mean 'steps'\?\)"):
     config.load(typo)
+  twice = tmp_path / "twice.yml"
+  twice.write_text("steps: 3\nlearning_rate: 0.1\nsteps: 4\n")
+  with pytest.raises(config.ConfigError, match="twice.yml line 3: not valid YAML \\(duplicate key 'steps'\\)"):
+    config.load(twice)
+  latin1 = tmp_path / "latin1.yml"
+  latin1.write_bytes("run_name: caf\u00e9\n".encode("latin-1"))
+  with pytest.raises(config.ConfigError, match="latin1.yml: not UTF-8 text \\(byte 13\\)"):
+    config.load(latin1)
+  unreadable = tmp_path / "dir.yml"
+  unreadable.mkdir()
+  with pytest.raises(config.ConfigError, match="config file not found"):
+    config.load(unreadable)
   loop = tmp_path / "loop.yml"
   loop.write_text("base_config: loop.yml\n")
   with pytest.raises(config.ConfigError, match="cycle"):

@@ -1,7 +1,9 @@
 """The Slurm launch scripts: syntax, and their dry runs for 1, 32 and 128 nodes."""
 
+import os
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -75,3 +77,20 @@ def test_gb300_405b_preset_fits_in_dry_run():
   assert "mesh: data 1 x fsdp 128 x context 1 x tensor 1 (128 device(s))" in text
   fits, need, have, _ = train.memory_check(cfg, mem, None)
   assert fits and 60 < need < have and have == pytest.approx(288e9 * 0.9 / 2 ** 30)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--image"], "--image needs a value"),
+    (["--image", "--dry-run"], "--image needs a value"),
+    (["--quantization", "te_nvfp5"], "quantization='te_nvfp5' is not one of"),
+    (["--", "stepz=3"], "unknown key 'stepz' (did you mean 'steps'?)"),
+])
+def test_dry_run_checks_values_and_the_config(args, message):
+  """The trainer's config check runs in --dry-run too (python3 with the project's dependencies on PATH)."""
+  env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+  base = ["--gpu", "gb200", "--nodes", "1", "--model", "configs/gb200/llama3_8b_nvfp4.yml", "--dry-run"]
+  if args[0] != "--quantization":
+    base += ["--quantization", "te_nvfp4"]
+  proc = subprocess.run(["bash", str(SUBMIT), *base, *args], cwd=REPO, capture_output=True, text=True, env=env)
+  assert proc.returncode == 2 and proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+  assert len(proc.stderr.strip().splitlines()) == 1

@@ -80,3 +80,39 @@ def test_8b_on_this_box_is_refused_before_allocating():
   assert proc.returncode == 2
   msg = proc.stderr.strip().splitlines()
   assert len(msg) == 1 and re.search(r"estimated memory per device [\d.]+ GiB exceeds the 24.0 GiB", msg[0])
+
+
+def _main(tmp_path, *extra):
+  return train.main([str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, f"base_output_directory={tmp_path}",
+                     "steps=2", *extra])
+
+
+def test_setup_mistakes_fail_before_compiling(tmp_path, capsys):
+  (tmp_path / "file").write_text("x")
+  assert _main(tmp_path / "file") == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: can't write the run directory ") and "set base_output_directory" in err
+  # te_nvfp4's wgrad RHT works on 16-token blocks: 1 x 100 tokens is refused up front, naming the keys.
+  assert _main(tmp_path, "quantization=te_nvfp4", "per_device_batch_size=1", "max_target_length=100") == 2
+  err = capsys.readouterr().err
+  assert "a micro-batch holds 100 tokens per device (per_device_batch_size x max_target_length" in err
+  assert len(err.strip().splitlines()) == 1
+
+
+def test_sigterm_before_the_first_step_is_a_clean_stop(tmp_path, monkeypatch, capsys):
+  import os, signal  # pylint: disable=import-outside-toplevel,multiple-imports
+  real = train._init_sharded  # pylint: disable=protected-access
+
+  def init_then_sigterm(*args):
+    os.kill(os.getpid(), signal.SIGTERM)  # arrives while the model is being built
+    return real(*args)
+  monkeypatch.setattr(train, "_init_sharded", init_then_sigterm)
+  assert _main(tmp_path, "run_name=early") == 0
+  out = capsys.readouterr().out
+  assert "SIGTERM before step 0: stopped, nothing trained" in out and "completed step" not in out
+
+
+def test_high_precision_switch_past_the_end_is_not_announced(tmp_path, capsys):
+  assert _main(tmp_path, "quantization=te_nvfp4", "high_precision_from_step=50", "dry_run=true") == 0
+  out = capsys.readouterr().out
+  assert "high_precision_from_step=50 is past the last step (steps=2)" in out and "from step 50:" not in out

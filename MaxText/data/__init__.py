@@ -8,7 +8,12 @@ from MaxText.data.tokenizers import TokenizerError
 
 
 def make_iterator(cfg, run_shape, process_index=0, process_count=1) -> DataIterator:
-  """The training iterator for `cfg.dataset_type`: this process's rows of each global batch."""
+  """The training iterator for `cfg.dataset_type`: this process's rows of each global batch.
+
+  The eval source is checked here too, so a bad eval glob fails before training, not at the first eval.
+  """
+  if cfg.dataset_type != "synthetic" and cfg.eval_interval:
+    grain_pipeline.eval_source(cfg)
   if cfg.dataset_type == "synthetic":
     return SyntheticIterator(cfg, run_shape.global_batch_size, seed=cfg.seed, process_index=process_index,
                              process_count=process_count)

@@ -8,6 +8,7 @@ weight 0. Every process reads its own 1/process_count of the documents.
 
 import glob
 import json
+import os
 import pathlib
 
 import grain
@@ -24,14 +25,37 @@ class DataError(ValueError):
   """Missing, empty or invalid data: a user error."""
 
 
-def _array_record_source(pattern, what):
+def _array_record_source(pattern, what, record_format):
   paths = sorted(glob.glob(pattern))
   if not pattern or not paths:
     raise DataError(f"{what}={pattern!r} matches no files; run scripts/prepare_data.py or fix the glob")
+  for directory in sorted({os.path.dirname(p) for p in paths}):
+    _check_record_format(directory, what, record_format)
   for path in paths:
-    if not len(grain.sources.ArrayRecordDataSource([path])):
+    try:
+      records = len(grain.sources.ArrayRecordDataSource([path]))
+    except Exception as e:  # array_record raises RuntimeError/ValueError/OSError for damaged files
+      reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+      raise DataError(f"{what}: {path} is not a readable ArrayRecord shard ({reason}); regenerate the shards "
+                      "with scripts/prepare_data.py") from None
+    if not records:
       raise DataError(f"{what}: {path} holds no records; remove it or regenerate the shards")
   return grain.sources.ArrayRecordDataSource(paths)
+
+
+def _check_record_format(directory, what, record_format):
+  """prepare_data.py's metadata.json beside the shards says how they were written: it must match the config."""
+  path = os.path.join(directory or ".", "metadata.json")
+  try:
+    with open(path, encoding="utf-8") as f:
+      written = json.load(f).get("record_format")
+  except FileNotFoundError:
+    return  # shards from elsewhere: nothing to check against
+  except (OSError, ValueError, AttributeError) as e:
+    raise DataError(f"{what}: can't read {path} ({e}); fix or remove it") from None
+  if written and written != record_format:
+    raise DataError(f"{what}: the shards in {directory} hold {written} records ({path}) but "
+                    f"grain_record_format={record_format}; set grain_record_format={written}")
 
 
 def _tfds_source(cfg, split):
@@ -60,6 +84,9 @@ class _Tokenize(grain.transforms.Map):
     if isinstance(record, dict):  # TFDS: {"text": bytes}
       record = record["text"]
     if self.record_format == "token_ids":
+      if len(record) % 4:
+        raise DataError(f"a record of {len(record)} bytes is not int32 token ids: are the shards text? set "
+                        "grain_record_format=text")
       ids = np.frombuffer(record, np.int32)
     else:
       tok = self.tokenizer
@@ -142,11 +169,12 @@ def _jsonable(value):
 def train_source(cfg):
   if cfg.dataset_type == "tfds":
     return _tfds_source(cfg, cfg.train_split)
-  return _array_record_source(cfg.grain_train_files, "grain_train_files")
+  return _array_record_source(cfg.grain_train_files, "grain_train_files", cfg.grain_record_format)
 
 
 def eval_source(cfg):
   """The eval split's source, or None when the config names none."""
   if cfg.dataset_type == "tfds":
     return _tfds_source(cfg, cfg.eval_split) if cfg.eval_split else None
-  return _array_record_source(cfg.grain_eval_files, "grain_eval_files") if cfg.grain_eval_files else None
+  return (_array_record_source(cfg.grain_eval_files, "grain_eval_files", cfg.grain_record_format)
+          if cfg.grain_eval_files else None)

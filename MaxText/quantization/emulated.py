@@ -79,7 +79,7 @@ def block_size(recipe: Recipe):
   return _BLOCK_SIZES.get(recipe.format)
 
 
-def _nvfp4_options(recipe: Recipe, role: str, key):
+def nvfp4_options(recipe: Recipe, role: str, key):
   sr = recipe.stochastic_rounding(role)
   return dict(tile=(nvfp4.BLOCK, nvfp4.BLOCK) if recipe.tile_2d(role) else (1, nvfp4.BLOCK),
               rht=recipe.rht(role), stochastic_rounding=sr, key=key if sr else None)
@@ -95,7 +95,7 @@ def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
   if fmt == "bf16":
     return x
   if fmt == "nvfp4":
-    return nvfp4.quantize(x, **_nvfp4_options(recipe, role, key))
+    return nvfp4.quantize(x, **nvfp4_options(recipe, role, key))
   if fmt in ("fp8_current", "fp8_delayed"):
     grid = element_grid(recipe, role)
     if scale is None:
@@ -110,7 +110,7 @@ def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
 def quantize_for_gemm(x, recipe: Recipe, role: str, key=None, scale=None) -> GemmOperand:
   """`quantize_operand`, in the form the GEMM reads (see GemmOperand). One call = one quantization."""
   if recipe.format == "nvfp4":  # straight to bf16, never through the 4-bit dtype
-    return GemmOperand(*nvfp4.quantize_block_scaled(x, **_nvfp4_options(recipe, role, key)))
+    return GemmOperand(*nvfp4.quantize_block_scaled(x, **nvfp4_options(recipe, role, key)))
   q = quantize_operand(x, recipe, role, key, scale)
   if not isinstance(q, ScaledOperand):
     return GemmOperand(q.astype(jnp.bfloat16), jnp.float32(1))

@@ -11,6 +11,7 @@ from MaxText.quantization import dots
 from MaxText.quantization import emulated
 from MaxText.quantization import stats as stats_lib
 from MaxText.quantization import te_backend
+from MaxText.quantization import xla_backend
 from MaxText.quantization.recipes import Recipe
 
 _FIXED_KEY = 0  # feeds SR-free recipes, which never draw from it
@@ -39,17 +40,28 @@ def _as_key(key, recipe):
   return key
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _qmatmul_2d(x_MxK, w_KxN, key, recipe, w_dtype):
-  y, _ = _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype)
+def _quantize(backend, x, recipe, role, key=None):
+  """One operand quantized for `backend`'s GEMM ('emulated' or 'xla')."""
+  if backend == "xla":
+    return xla_backend.quantize_for_gemm(x, recipe, role, key)
+  return emulated.quantize_for_gemm(x, recipe, role, key)
+
+
+def _gemm(backend, a, b_t, recipe):
+  return xla_backend.gemm(a, b_t) if backend == "xla" else emulated.gemm(a, b_t, recipe)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _qmatmul_2d(x_MxK, w_KxN, key, recipe, w_dtype, backend):
+  y, _ = _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype, backend)
   return y
 
 
-def _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype):
+def _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype, backend):
   del w_dtype
-  x_op = emulated.quantize_for_gemm(x_MxK, recipe, "x")
-  w_op = emulated.quantize_for_gemm(w_KxN.T, recipe, "w")
-  y_MxN = emulated.gemm(x_op, w_op, recipe).astype(x_MxK.dtype)
+  x_op = _quantize(backend, x_MxK, recipe, "x")
+  w_op = _quantize(backend, w_KxN.T, recipe, "w")
+  y_MxN = _gemm(backend, x_op, w_op, recipe).astype(x_MxK.dtype)
   # What the backward needs: a quantized operand where its transposed role has the same numbers
   # (named, so a remat policy can keep it instead of quantizing again), else the input itself.
   x_res = name_for_remat(x_op.T) if recipe.shares_transpose("x") else x_MxK
@@ -57,17 +69,16 @@ def _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype):
   return y_MxN, (x_res, w_res, key)
 
 
-def _qmatmul_bwd(recipe, w_dtype, residuals, dy_MxN):
+def _qmatmul_bwd(recipe, w_dtype, backend, residuals, dy_MxN):
   x_res, w_res, key = residuals
   k_dgrad, k_wgrad = _split_grad_keys(key)
-  dy_op = emulated.quantize_for_gemm(dy_MxN, recipe, "dy", k_dgrad)
-  w_t_op = w_res if recipe.shares_transpose("w") else emulated.quantize_for_gemm(w_res, recipe, "w_t")
-  dx_MxK = emulated.gemm(dy_op, w_t_op, recipe).astype(dy_MxN.dtype)
-  x_t_op = x_res if recipe.shares_transpose("x") else emulated.quantize_for_gemm(x_res.T, recipe, "x_t")
-  dy_t_op = dy_op.T if recipe.shares_transpose("dy") else emulated.quantize_for_gemm(dy_MxN.T, recipe, "dy_t",
-                                                                                      k_wgrad)
+  dy_op = _quantize(backend, dy_MxN, recipe, "dy", k_dgrad)
+  w_t_op = w_res if recipe.shares_transpose("w") else _quantize(backend, w_res, recipe, "w_t")
+  dx_MxK = _gemm(backend, dy_op, w_t_op, recipe).astype(dy_MxN.dtype)
+  x_t_op = x_res if recipe.shares_transpose("x") else _quantize(backend, x_res.T, recipe, "x_t")
+  dy_t_op = dy_op.T if recipe.shares_transpose("dy") else _quantize(backend, dy_MxN.T, recipe, "dy_t", k_wgrad)
   # Rounded to the compute dtype like TE's GEMM output, then to the master weights' dtype.
-  dw_KxN = emulated.gemm(x_t_op, dy_t_op, recipe).astype(dy_MxN.dtype).astype(w_dtype)
+  dw_KxN = _gemm(backend, x_t_op, dy_t_op, recipe).astype(dy_MxN.dtype).astype(w_dtype)
   return dx_MxK, dw_KxN, None
 
 
@@ -104,7 +115,8 @@ def qmatmul(x, w, recipe: Recipe, *, key=None, backend="auto", stats_sink=None):
 
   The result has x's dtype (bf16 in training), accumulated in f32. `key` feeds stochastic
   rounding of the gradients; it may be None when the recipe has none. BF16 is a plain dot.
-  `backend`: auto (TE where it can run the recipe, else emulated), te, or emulate.
+  `backend`: auto (TE where it can run the recipe, else xla where its block-scaled dot is native,
+  else emulated), te, xla (jax.nn.scaled_matmul on our quantized operands) or emulate.
   `stats_sink`: optional zeros [len(ROLES), len(STATS)] (stats.empty_sink()); its gradient is
   each operand's quantization telemetry (stats.operand_stats); the GEMM itself is unchanged.
   """
@@ -116,17 +128,18 @@ def qmatmul(x, w, recipe: Recipe, *, key=None, backend="auto", stats_sink=None):
     raise ValueError(f"{recipe.name} keeps an amax history: call MaxText.quantization.delayed."
                      "qmatmul_delayed with its state")
   key = _as_key(key, recipe)
-  if backends.resolve(recipe, backend) == "te":
+  resolved = backends.resolve(recipe, backend)
+  if resolved == "te":
     y = te_backend.qmatmul(x, w, recipe, key=key)
   else:
-    y = _qmatmul_emulated(x, w, key, recipe, jnp.dtype(w.dtype))
+    y = _qmatmul_jit(x, w, key, recipe, jnp.dtype(w.dtype), resolved)
   if stats_sink is not None:
     y = y + _stats_probe(x, w, key, stats_sink, recipe)
   return y
 
 
 # jit at the edge: eager calls compile once per shape; inside a jitted model this just inlines.
-_qmatmul_emulated = jax.jit(_qmatmul_2d, static_argnums=(3, 4))
+_qmatmul_jit = jax.jit(_qmatmul_2d, static_argnums=(3, 4, 5))
 
 
 def qdense(x, w, recipe: Recipe, *, key=None, backend="auto", stats_sink=None):

@@ -15,7 +15,7 @@ NVFP4_MIN_SM = 100  # Blackwell
 FP8_MIN_SM = 89  # Ada / Hopper
 
 
-def _gpu_compute_capability():
+def gpu_compute_capability():
   """Major*10+minor of the first GPU, or None without one."""
   try:
     gpus = jax.devices("gpu")
@@ -46,7 +46,7 @@ def unavailable_reason(recipe: Recipe):
     return f"{recipe.name} has no Transformer Engine kernel"
   if recipe.stateful:
     return "the trainer carries the amax history itself (TE would keep it in its own variable collection)"
-  sm = _gpu_compute_capability()
+  sm = gpu_compute_capability()
   need = min_sm(recipe)
   kind = "NVFP4" if recipe.format == "nvfp4" else "FP8"
   if sm is None or sm < need:
@@ -74,8 +74,19 @@ def te_recipe(recipe: Recipe):
 
 
 def _sr_rng_state(key):
-  """TE's NVFP4 SR stream: uint32[4] per call, drawn from our (seed, step, layer, GEMM) key."""
+  """TE's NVFP4 SR state: uint32[4] per call. TE's Flax modules draw it from the `sr_rng` rng stream;
+  we draw it from our (seed, step, layer, GEMM) key, so TE and emulated runs share one seed discipline."""
   return jax.random.bits(key, (4,), jnp.uint32)
+
+
+def _configure_nvfp4(quantizer_set, recipe: Recipe, key):
+  """What TE's TransformerEngineBase puts in the quantizers' QuantizeMeta and create_set(fp8_recipe=...)
+  alone leaves at its defaults: the RHT on the 1D (x, dgrad) quantizers, whose colwise outputs are
+  the wgrad operands (never on 2D weight tiles), and the SR state on the dgrad quantizer only."""
+  for quantizer in (quantizer_set.x, quantizer_set.dgrad):
+    quantizer.use_rht = not recipe.disable_rht
+  if recipe.needs_rng and key is not None:
+    quantizer_set.dgrad.stochastic_rounding_rng_state = _sr_rng_state(key)
 
 
 def qmatmul(x, w, recipe: Recipe, *, key=None):
@@ -83,6 +94,6 @@ def qmatmul(x, w, recipe: Recipe, *, key=None):
   te_dense = importlib.import_module("transformer_engine.jax.dense")
   te_quantize = importlib.import_module("transformer_engine.jax.quantize")
   quantizer_set = te_quantize.QuantizerFactory.create_set(fp8_recipe=te_recipe(recipe))
-  if recipe.needs_rng and key is not None:
-    quantizer_set.dgrad.stochastic_rounding_rng_state = _sr_rng_state(key)
+  if recipe.format == "nvfp4":
+    _configure_nvfp4(quantizer_set, recipe, key)
   return te_dense.dense(x, w, contracting_dims=((1,), (0,)), quantizer_set=quantizer_set)

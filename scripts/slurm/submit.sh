@@ -21,19 +21,28 @@ GPUS_PER_NODE=4
 
 usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "error: $*" >&2; exit 2; }
+need_value() { [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value (see --help)"; }
+# The trainer's own config check (keys, values, recipe names), where python3 has the project's dependencies.
+validate_config() {
+  local model_abs out
+  model_abs="$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")"
+  if out=$(cd "${HERE}/../.." && python3 -m MaxText.config --check "$model_abs" "$@" 2>&1); then return 0; fi
+  [[ "$out" == *"error: "* ]] && die "${out##*error: }"
+  echo "warning: config not checked here (python3 lacks the project's dependencies: ${out##*$'\n'})" >&2
+}
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --gpu) GPU="${2:-}"; shift 2 ;;
-    --nodes) NODES="${2:-}"; shift 2 ;;
-    --model) MODEL="${2:-}"; shift 2 ;;
-    --quantization) QUANT="${2:-}"; shift 2 ;;
-    --image) IMAGE="${2:-}"; shift 2 ;;
-    --partition) PARTITION="${2:-}"; shift 2 ;;
-    --account) ACCOUNT="${2:-}"; shift 2 ;;
-    --time) TIME="${2:-}"; shift 2 ;;
-    --job-name) JOB_NAME="${2:-}"; shift 2 ;;
-    --output-dir) OUTPUT_DIR="${2:-}"; shift 2 ;;
+    --gpu) need_value "$@"; GPU="$2"; shift 2 ;;
+    --nodes) need_value "$@"; NODES="$2"; shift 2 ;;
+    --model) need_value "$@"; MODEL="$2"; shift 2 ;;
+    --quantization) need_value "$@"; QUANT="$2"; shift 2 ;;
+    --image) need_value "$@"; IMAGE="$2"; shift 2 ;;
+    --partition) need_value "$@"; PARTITION="$2"; shift 2 ;;
+    --account) need_value "$@"; ACCOUNT="$2"; shift 2 ;;
+    --time) need_value "$@"; TIME="$2"; shift 2 ;;
+    --job-name) need_value "$@"; JOB_NAME="$2"; shift 2 ;;
+    --output-dir) need_value "$@"; OUTPUT_DIR="$2"; shift 2 ;;
     --nsys) NSYS=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -49,6 +58,7 @@ EXTRA=("$@")
 [[ -f "$MODEL" ]] || die "--model ${MODEL}: no such file"
 [[ -n "$QUANT" ]] || die "--quantization is required (bf16, te_fp8_currentscaling, te_nvfp4, te_nvfp4_no_rht, ...)"
 [[ "$QUANT" == bf16 ]] && QUANT=""
+validate_config "quantization=${QUANT}" "gpu_type=${GPU}" "${EXTRA[@]}"
 JOB_NAME="${JOB_NAME:-maxtext-$(basename "${MODEL%.yml}")-${QUANT:-bf16}-${NODES}n}"
 RUN_NAME="${JOB_NAME}"
 

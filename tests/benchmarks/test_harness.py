@@ -10,12 +10,13 @@ from tests.conftest import REPO
 from tests.test_train import SMALL
 
 
-def test_parse_mode():
+def test_parse_mode(capsys):
   assert modes.parse_mode("bf16") == ("bf16", ["quantization="])
   assert modes.parse_mode("te_nvfp4:disable_rht=true") == ("te_nvfp4:disable_rht=true",
                                                            ["quantization=te_nvfp4", "disable_rht=true"])
-  with pytest.raises(SystemExit, match="is not key=value"):
+  with pytest.raises(SystemExit) as e:
     modes.parse_mode("te_nvfp4:disable_rht")
+  assert e.value.code == 2 and "is not key=value" in capsys.readouterr().err
   assert modes.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0 and modes.peak_tflops("NVIDIA GB200") == 2500.0
   assert modes.peak_tflops("cpu") is None
 
@@ -69,3 +70,27 @@ def test_throughput_table(tmp_path, capsys):
   # The trace itself, for TensorBoard's profile plugin and for Perfetto.
   profile_dir = tmp_path / "runs" / "te_nvfp4" / "tensorboard" / "plugins" / "profile"
   assert list(profile_dir.glob("*/*.xplane.pb")) and list(profile_dir.glob("*/perfetto_trace.json.gz"))
+
+
+def test_user_errors_exit_2_before_anything_trains(tmp_path, capsys):
+  tiny = ["--config", str(REPO / "configs" / "llama3_tiny.yml"), *SMALL]
+  for main, extra in ((throughput.main, ["--modes", ","]), (parity.main, ["--modes", ","]),
+                      (throughput.main, ["--modes", "bf16,te_nvfp5"]), (parity.main, ["--modes", "bf16,te_nvfp5"]),
+                      (parity.main, ["--modes", "bf16,te_nvfp4:disable_rht"]), (throughput.main, ["--steps", "0"])):
+    with pytest.raises(SystemExit) as e:
+      main(tiny + ["--out", str(tmp_path / "out")] + extra)
+    assert e.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: ") and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert "completed step" not in captured.out  # the bad mode is found before the good one trains
+
+
+def test_parity_never_relabels_runs_from_other_overrides(tmp_path, capsys):
+  args = ["--config", str(REPO / "configs" / "llama3_tiny.yml"), "--steps", "2", "--out", str(tmp_path),
+          "--modes", "bf16", *SMALL]
+  assert parity.main(args) == 0
+  with pytest.raises(SystemExit) as e:
+    parity.main(args + ["learning_rate=1e-2"])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert "holds a bf16 run from config" in err and "use another --out or delete" in err

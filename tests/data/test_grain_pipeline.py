@@ -97,3 +97,46 @@ def test_data_errors_are_clear_cli_lines(corpus, tmp_path, capsys):
   ids = make_corpus(tmp_path / "ids", "--pretokenize")
   assert train.main(base + grain_overrides(ids)[:-1] + ["grain_record_format=token_ids", "vocab_size=200"]) == 2
   assert "is outside [0, vocab_size=200); set vocab_size or re-tokenize the data" in capsys.readouterr().err
+
+
+def test_shards_are_checked_before_training(corpus, tmp_path, capsys):
+  """Record format against metadata.json, damaged shards, and the eval glob: one line each, before any step."""
+  base = [str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, "steps=2", f"base_output_directory={tmp_path}"]
+  ids = make_corpus(tmp_path / "ids", "--pretokenize")
+  assert train.main(base + grain_overrides(ids)) == 2  # int32 records read as text
+  err = capsys.readouterr().err
+  assert "hold token_ids records" in err and "set grain_record_format=token_ids" in err
+  assert train.main(base + grain_overrides(corpus) + ["grain_record_format=token_ids"]) == 2
+  err = capsys.readouterr().err
+  assert err.strip().splitlines() == [err.strip()] and "hold text records" in err
+  assert "set grain_record_format=text" in err
+  for name, content in (("zero", b""), ("junk", b"not an array record file" * 10)):
+    (tmp_path / f"{name}-0.array_record").write_bytes(content)
+    assert train.main(base + ["dataset_type=grain", f"grain_train_files={tmp_path}/{name}-*.array_record",
+                              "tokenizer_type=byte", "vocab_size=258"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: grain_train_files: ") and len(err.strip().splitlines()) == 1, err
+  overrides = grain_overrides(corpus)[:2] + [f"grain_eval_files={tmp_path}/typo-*.array_record"] + grain_overrides(
+      corpus)[3:] + ["eval_interval=1"]
+  assert train.main(base + overrides) == 2
+  err = capsys.readouterr().err
+  assert "grain_eval_files=" in err and "matches no files" in err
+
+
+def test_prepare_data_refuses_what_it_would_corrupt(tmp_path, capsys):
+  """Non-UTF-8 input is named (not turned into U+FFFD); too few documents for the shards is refused."""
+  from scripts import prepare_data  # pylint: disable=import-outside-toplevel
+  (tmp_path / "a.txt").write_bytes("To be, or not to be.\n\n".encode() * 40 + "caf\u00e9\n".encode("latin-1"))
+  with pytest.raises(SystemExit) as e:
+    prepare_data.main(["--text-files", str(tmp_path / "a.txt"), "--output", str(tmp_path / "out")])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert f"{tmp_path / 'a.txt'} is not UTF-8 text (byte 883, line 81)" in err
+  (tmp_path / "a.txt").write_text("To be, or not to be.\n\n" * 40, encoding="utf-8")
+  with pytest.raises(SystemExit) as e:
+    prepare_data.main(["--text-files", str(tmp_path / "a.txt"), "--output", str(tmp_path / "out"),
+                       "--num-shards", "64", "--doc-chars", "300"])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert "can't fill --num-shards 64 (a shard would be empty)" in err
+  assert not list((tmp_path / "out").glob("*.array_record"))

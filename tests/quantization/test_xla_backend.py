@@ -1,0 +1,97 @@
+"""The xla backend: the train step lowered for CUDA has one block-scaled dot per quantized GEMM (3 per MLP Dense)
+on E2M1/E4M3 operands and none elsewhere; on a GPU it equals the emulated backend; elsewhere it is a clear error."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from MaxText import precision, train
+from MaxText.quantization import backends, emulated, get_recipe, qmatmul, xla_backend
+from tests.conftest import REPO
+from tests.test_train import SMALL
+from tests.test_train_step import _cfg, _step_and_args
+
+ON_GPU = jax.default_backend() == "gpu"
+
+
+def _block_scaled_dots(module_text):
+  """Each block-scaled dot the module runs (a custom call in a function counts once per call of that function)."""
+  functions = re.split(r"\n(?=\s*func\.func )", module_text)
+  body = {re.search(r"func\.func (?:public |private )?@([\w$.-]+)", f).group(1): f
+          for f in functions if re.search(r"func\.func (?:public |private )?@", f)}
+
+  def runs(name, depth=0):
+    text = body[name]
+    own = [l for l in text.splitlines() if "stablehlo.custom_call @__op$block_scaled_dot" in l]
+    for callee in re.findall(r"call @([\w$.-]+)\(", text):
+      if callee in body and depth < 50:
+        own += runs(callee, depth + 1)
+    return own
+  return runs("main")
+
+
+@pytest.fixture
+def as_if_on_a_gpu(monkeypatch):
+  """Resolve quantization_backend=xla as a GPU would (for lowering to CUDA from this machine)."""
+  real = xla_backend.unavailable_reason
+  monkeypatch.setattr(xla_backend, "unavailable_reason", lambda recipe, platform=None: real(recipe, "gpu"))
+  backends.resolve.cache_clear()
+  yield
+  backends.resolve.cache_clear()
+
+
+@pytest.mark.parametrize("quantization, operand, scale", [
+    ("te_nvfp4", "f4E2M1FN", "f8E4M3FN"), ("mxfp4", "f4E2M1FN", "f8E8M0FNU"), ("te_mxfp8", "f8E", "f8E8M0FNU")])
+def test_train_step_lowered_for_cuda_has_a_block_scaled_dot_per_quantized_gemm(as_if_on_a_gpu, quantization,
+                                                                                operand, scale):
+  cfg = _cfg(f"quantization={quantization}", "quantization_backend=xla")
+  assert "xla" in precision.format_plan(precision.plan_from_config(cfg), cfg)
+  step, args = _step_and_args(cfg)
+  exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
+      jax.export.DisabledSafetyCheck.custom_call("__op$block_scaled_dot")])(*args)
+  calls = _block_scaled_dots(exported.mlir_module())
+  # fprop, dgrad and wgrad of gate, up and down in each layer; attention and the lm head stay bf16.
+  assert len(calls) == 3 * 3 * cfg.base_num_decoder_layers
+  for line in calls:
+    lhs, rhs, lhs_scales, rhs_scales = re.search(r"\(tensor<([^)]*)\) ->", line).group(1).split(", tensor<")
+    assert operand in lhs and operand in rhs and scale in lhs_scales and scale in rhs_scales, line
+
+
+def test_where_it_cannot_run_it_is_one_line_and_auto_never_picks_it(capsys):
+  if ON_GPU:
+    pytest.skip("runs where the block-scaled dot cannot")
+  base = [str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, "quantization=te_nvfp4", "dry_run=true"]
+  assert train.main(base + ["quantization_backend=xla"]) == 2
+  err = capsys.readouterr().err
+  assert err.strip() == ("error: quantization_backend=xla: jax.nn.scaled_matmul (__op$block_scaled_dot) runs on "
+                         f"NVIDIA GPUs only, not on {jax.default_backend()}; use quantization_backend=auto or emulate")
+  assert backends.resolve(get_recipe("te_nvfp4"), "auto") == "emulated"
+
+
+@pytest.mark.skipif(not ON_GPU, reason="jax.nn.scaled_matmul has no CPU lowering")
+@pytest.mark.parametrize("name", ["te_nvfp4", "te_nvfp4_no_rht", "te_mxfp8", "mxfp4"])
+def test_xla_equals_emulated_up_to_accumulation_order(name):
+  recipe = get_recipe(name)
+  kx, kw, kd, ks = jax.random.split(jax.random.key(0), 4)
+  x = jax.random.normal(kx, (256, 512), jnp.bfloat16)
+  w = jax.random.normal(kw, (512, 384), jnp.float32) * 0.05
+  dy = jax.random.normal(kd, (256, 384), jnp.bfloat16)
+  # Each GEMM on the same quantized operands: f32 results equal up to the order of the f32 sum.
+  for (a, role_a), (b, role_b) in [((x, "x"), (w.T, "w")), ((dy, "dy"), (w, "w_t")), ((x.T, "x_t"), (dy.T, "dy_t"))]:
+    got = xla_backend.gemm(xla_backend.quantize_for_gemm(a, recipe, role_a, ks),
+                           xla_backend.quantize_for_gemm(b, recipe, role_b, ks))
+    want = emulated.gemm(emulated.quantize_for_gemm(a, recipe, role_a, ks),
+                         emulated.quantize_for_gemm(b, recipe, role_b, ks), recipe)
+    assert np.abs(np.asarray(got) - np.asarray(want)).max() <= 1e-5 * np.abs(np.asarray(want)).max(), role_a
+
+  # The quantized matmul and its gradients: at most one bf16 rounding apart (XLA on a GPU may keep the
+  # f32 GEMM result where the step rounds to bf16, so most elements differ in their last f32 bits).
+  def run(backend):
+    y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=ks, backend=backend), x, w)
+    return (y, *vjp(dy))
+  for got, want in zip(run("xla"), run("emulate")):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert np.all(np.abs(got - want) <= 2**-7 * np.abs(want) + 1e-6 * np.abs(want).max())
