@@ -7,6 +7,8 @@ and the previous one is used instead. Never a silent restart from step 0.
 """
 
 import contextlib
+import functools
+import io
 import logging
 import pathlib
 import re
@@ -36,21 +38,22 @@ class Checkpointer:
     self.period = period
     self._log_path = self.directory.parent / "checkpoint_errors.log"
     self.directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(self._log_path, "a", encoding="utf-8") as log, _logger_to("absl", log):
-      self._manager = self._make_manager(max_to_keep, async_save)
-
-  def _make_manager(self, max_to_keep, async_save):
-    return ocp.CheckpointManager(
-        self.directory, item_names=("state", "data"),
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep or None, enable_async_checkpointing=async_save,
-                                             create=True, cleanup_tmp_directories=True))
+    with _kept_in(self._log_path) as log, _logger_to("absl", log):  # its warnings about junk dirs
+      self._manager = ocp.CheckpointManager(
+          self.directory, item_names=("state", "data"),
+          options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep or None, enable_async_checkpointing=async_save,
+                                               create=True, cleanup_tmp_directories=True))
 
   def steps(self):
     return sorted(self._manager.all_steps())
 
+  def due(self, step, force=False):
+    """Whether `save(step, ..., force=force)` would consider writing: a period boundary, or forced."""
+    return force or step % self.period == 0
+
   def save(self, step, state, data_state, *, force=False):
     """Checkpoint after `step` completed steps, if it is a period boundary or `force`; True if one was written."""
-    if not force and step % self.period:
+    if not self.due(step, force):
       return False
     if step in self._manager.all_steps():
       return False
@@ -66,8 +69,7 @@ class Checkpointer:
     Orbax's tracebacks from the failed reads go to `<run dir>/checkpoint_errors.log`, not stderr.
     """
     failures = []
-    log = _orbax_noise_to(self._log_path)
-    with contextlib.redirect_stderr(log), _logger_to("absl", log):
+    with _kept_in(self._log_path) as log, contextlib.redirect_stderr(log), _logger_to("absl", log):
       for step in reversed(self.steps()):
         try:
           restored = self._manager.restore(step, args=ocp.args.Composite(
@@ -75,6 +77,7 @@ class Checkpointer:
         except Exception as e:  # orbax/tensorstore raise many types for damaged files
           message = str(e)
           traceback.print_exception(e, file=log)
+          _late_noise_to(self._log_path)
           if "not compatible with the stored shape" in message:
             raise CheckpointError(f"checkpoint {self.directory}/{step} holds another model shape "
                                   f"({_shape_mismatch(message)}): resume with the config it was trained with, or "
@@ -114,14 +117,15 @@ class Checkpointer:
     self._manager.close()
 
 
-def _orbax_noise_to(path):
-  """A log file (kept open) that also receives what Orbax's threads raise after a failed read, for the process's life.
+@functools.cache
+def _late_noise_to(path):
+  """From the first failed read on, what Orbax's threads raise later goes to the log at `path` (once per process).
 
   A failed restore leaves tensorstore callbacks that hit a closed event loop later, each printing a
   traceback from a background thread (and coroutines never awaited, warned about at exit); they belong
   in the log, not around the one line the user needs. Later warnings of the process go there too.
   """
-  log = open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+  log = open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with  (kept open: written until exit)
   sys.unraisablehook = lambda u: traceback.print_exception(u.exc_value, file=log)
   threading.excepthook = lambda a: traceback.print_exception(a.exc_value, file=log)
   warnings.showwarning = (lambda message, category, filename, lineno, file=None, line=None:
@@ -129,7 +133,18 @@ def _orbax_noise_to(path):
   asyncio_logger = logging.getLogger("asyncio")  # "Task exception was never retrieved", at garbage collection
   asyncio_logger.addHandler(logging.StreamHandler(log))
   asyncio_logger.propagate = False
-  return log
+
+
+@contextlib.contextmanager
+def _kept_in(path):
+  """A text buffer for the block whose contents, if any, are appended to `path` (no empty log files)."""
+  buffer = io.StringIO()
+  try:
+    yield buffer
+  finally:
+    if buffer.getvalue():
+      with open(path, "a", encoding="utf-8") as f:
+        f.write(buffer.getvalue())
 
 
 @contextlib.contextmanager

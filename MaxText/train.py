@@ -309,7 +309,7 @@ def _train(cfg, preemption):
 
   def save(force=False):
     if checkpointer is not None:
-      if force or step % checkpointer.period == 0:
+      if checkpointer.due(step, force):
         writer.flush()  # the metrics reach disk no later than the checkpoint that covers them
       checkpointer.save(step, _train_state(params, rest, opt_state), _data_states(data_iter), force=force)
 

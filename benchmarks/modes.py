@@ -31,10 +31,10 @@ def fail(message):
 
 
 def load_configs(config_path, overrides, modes):
-  """[(label, Config)] for every mode, all validated before any trains (a bad last mode fails first)."""
+  """[(label, Config)] for every mode (run_name = its run_dir_name), all validated before any trains."""
   if not modes:
     fail("--modes names no mode (e.g. --modes bf16,te_nvfp4)")
-  return [load_config(config_path, overrides, mode) for mode in modes]
+  return [load_config(config_path, [*overrides, f"run_name={run_dir_name(mode)}"], mode) for mode in modes]
 
 
 def argument_parser(doc, default_modes, default_steps):

@@ -131,7 +131,6 @@ def run_modes(config_path, overrides, modes, steps, out):
     _check_settings(run_dir, settings)
     records = modes_lib.read_metrics(run_dir)
     if len(records) < steps or any(s not in records for s in range(steps)):
-      cfg = cfg.replace(run_name=modes_lib.run_dir_name(mode))
       run_dir.mkdir(parents=True, exist_ok=True)
       (run_dir / "parity_settings.json").write_text(json.dumps(settings) + "\n", encoding="utf-8")
       print(f"=== {label}", flush=True)

@@ -37,12 +37,9 @@ def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps
   peak = modes_lib.peak_tflops(jax.devices()[0].device_kind)
   profile = ["profiler=xplane", f"skip_first_n_steps_for_profiler={warmup + steps}",
              f"profiler_steps={profile_steps}"] if profile_steps else []
-  configs = [modes_lib.load_config(config_path, list(overrides) + profile + [
-      f"steps={warmup + steps + profile_steps}", f"base_output_directory={out_dir}",
-      f"run_name={modes_lib.run_dir_name(mode)}", "enable_checkpointing=false", "eval_interval=0",
-      "enable_tensorboard=false"], mode) for mode in modes]  # every mode checked before the first trains
-  if not configs:
-    modes_lib.fail("--modes names no mode (e.g. --modes bf16,te_nvfp4)")
+  configs = modes_lib.load_configs(config_path, list(overrides) + profile + [
+      f"steps={warmup + steps + profile_steps}", f"base_output_directory={out_dir}", "enable_checkpointing=false",
+      "eval_interval=0", "enable_tensorboard=false"], modes)
   for mode, (label, cfg) in zip(modes, configs):
     modes_lib.train_mode(cfg)
     run_dir = pathlib.Path(out_dir) / modes_lib.run_dir_name(mode)
