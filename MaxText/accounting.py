@@ -59,10 +59,11 @@ class MemoryEstimate:
   grads: float
   optimizer: float
   activations: float
+  amax_history: float = 0.0  # FP8 delayed scaling's histories and their updates (amax_history_bytes)
 
   @property
   def total_gib(self):
-    return (self.params + self.grads + self.optimizer + self.activations) / GIB
+    return (self.params + self.grads + self.optimizer + self.activations + self.amax_history) / GIB
 
 
 def activation_bytes(cfg, micro_batch_per_device) -> float:
@@ -70,10 +71,10 @@ def activation_bytes(cfg, micro_batch_per_device) -> float:
 
   Assumes: remat 'full' keeps each layer's input (L x B x T x D) plus one layer's working set;
   'minimal' also keeps the GEMM outputs (q, k, v, attention out, gate, up: T x (H+2KV)Dh + T x D
-  + 2 T x F per layer); '_with_context' the attention output (T x H Dh); '_with_quantization' the
-  quantized operands the backward reuses (see quantized_residual_bytes); 'none' keeps norms,
-  activations and the XLA attention probabilities (f32 B x H x T x T) instead. Plus f32 logits and
-  their gradient (2 x 4 B T V).
+  + 2 T x F per layer); '_with_context' the attention output (T x H Dh, and cuDNN's f32 softmax
+  statistics, T x H); '_with_quantization' the quantized operands the backward reuses (see
+  quantized_residual_bytes); 'none' keeps norms, activations and the XLA attention probabilities (f32 B x
+  H x T x T) instead. Plus the lm head's logits (see logits_bytes).
   """
   b, t = micro_batch_per_device, cfg.max_target_length
   d, f, h, kv, dh = cfg.base_emb_dim, cfg.base_mlp_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
@@ -87,10 +88,18 @@ def activation_bytes(cfg, micro_batch_per_device) -> float:
     per_layer = working_set if policy == "none" else tokens * d * act
   else:
     per_layer = tokens * d * act + gemm_outputs
-    per_layer += tokens * h * dh * act if "context" in policy else 0
+    # '_with_context' keeps the attention output and, for cuDNN, its f32 softmax statistics (decoder.py).
+    per_layer += tokens * h * (dh * act + (4 if cfg.attention == "cudnn_flash" else 0)) if "context" in policy else 0
     per_layer += quantized_residual_bytes(cfg, tokens) if "quantization" in policy else 0
-  logits = 2 * tokens * cfg.vocab_size * 4
-  return cfg.base_num_decoder_layers * per_layer + working_set + logits
+  return cfg.base_num_decoder_layers * per_layer + working_set + logits_bytes(cfg, tokens)
+
+
+def logits_bytes(cfg, tokens) -> float:
+  """The lm head's logits at their peak: f32 logits and their f32 gradient (2 x 4 x tokens x V), or with
+  num_vocab_tiling = n one tile's f32 logits and bf16 gradient ((4 + 2) x tokens/n x V; model/vocab_tiling.py)."""
+  if cfg.num_vocab_tiling > 1:
+    return (4 + BYTES[cfg.dtype]) * tokens / cfg.num_vocab_tiling * cfg.vocab_size
+  return 2 * tokens * cfg.vocab_size * 4
 
 
 def quantized_residual_bytes(cfg, tokens) -> float:
@@ -110,8 +119,21 @@ def quantized_residual_bytes(cfg, tokens) -> float:
   return total
 
 
+DENSE_PER_LAYER = 7  # q, k, v, o, gate, up, down
+
+
+def amax_history_bytes(cfg) -> float:
+  """FP8 delayed scaling's state per device: where any recipe of the config scales from a history, every Dense
+  of every layer keeps an f32 [3, amax_history_len] history (model/layers.py), replicated on every device, and
+  the step returns a new one of each (their "gradient") before the old is released."""
+  names = (cfg.quantization, cfg.attention_quantization)
+  delayed = any(quantization.get_recipe(n).format == "fp8_delayed" for n in names)
+  return 2 * cfg.base_num_decoder_layers * DENSE_PER_LAYER * 3 * cfg.amax_history_len * 4 if delayed else 0.0
+
+
 def memory_per_device(cfg, mesh_sizes, micro_batch_size) -> MemoryEstimate:
-  """Parameters, f32 gradients and AdamW state (mu, nu in f32) per device, plus activations.
+  """Parameters, f32 gradients and AdamW state (mu, nu in f32) per device, plus activations and FP8 delayed
+  scaling's amax histories.
 
   `mesh_sizes`: {axis: size} (MaxText.sharding.mesh_shape) or a device count (pure FSDP).
   Parameters, gradients and optimizer state are split over every axis but data (FSDP + context +
@@ -127,7 +149,8 @@ def memory_per_device(cfg, mesh_sizes, micro_batch_size) -> MemoryEstimate:
   optimizer = n * 2 * 4 / shards
   batch_shards = mesh_sizes.get("data", 1) * mesh_sizes.get("fsdp", 1)
   per_device_micro = max(micro_batch_size / batch_shards, 1e-9)
-  return MemoryEstimate(params, grads, optimizer, activation_bytes(cfg, per_device_micro) / mesh_sizes.get("context", 1))
+  activations = activation_bytes(cfg, per_device_micro) / mesh_sizes.get("context", 1)
+  return MemoryEstimate(params, grads, optimizer, activations, amax_history_bytes(cfg))
 
 
 # Published HBM per GPU (GB = 1e9 bytes) and the share left after XLA workspace, NCCL buffers and

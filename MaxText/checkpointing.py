@@ -1,9 +1,12 @@
 """Orbax checkpoints of the training state (parameters, optimizer state, step, data position) and resume.
 
-Layout: <run dir>/checkpoints/<step>/{state, data}; <step> = steps completed. Orbax writes each
-checkpoint to a temporary directory and renames it when complete, so a run killed mid-save leaves
-no half checkpoint behind; a checkpoint that is there but unreadable (corrupt files) is reported
-and the previous one is used instead. Never a silent restart from step 0.
+Layout: <run dir>/checkpoints/<step>/{state, data, meta}; <step> = steps completed; meta holds the step and
+the settings a resume must agree with. Orbax writes each checkpoint to a temporary directory and
+renames it when complete, so a run killed mid-save, or a save that fails (disk full, directory gone),
+leaves no half checkpoint behind; a checkpoint that is there but unreadable (corrupt files) is
+reported and the previous one is used instead. A good checkpoint that this config cannot continue
+(another model shape, optimizer, recipe state or data source) is named with what differs, never
+moved aside. Never a silent restart from step 0.
 """
 
 import contextlib
@@ -21,7 +24,12 @@ import jax
 import orbax.checkpoint as ocp
 
 class CheckpointError(Exception):
-  """No usable checkpoint where one is expected: a user error."""
+  """No usable checkpoint where one is expected, or one that can't be written: a user or environment error."""
+
+
+# Settings a checkpoint's data position and state depend on: resuming under others is refused.
+DATA_KEYS = ("dataset_type", "grain_train_files", "grain_record_format", "dataset_path", "dataset_name",
+             "train_split", "tokenizer_type", "tokenizer_path", "max_target_length")
 
 
 def _state_args(state, restore):
@@ -30,17 +38,79 @@ def _state_args(state, restore):
   return ocp.args.StandardSave(state)
 
 
-class Checkpointer:
-  """Saves every `period` steps (and on demand), keeps `max_to_keep` (0 = all), restores the newest readable."""
+_OS_FAULTS = re.compile(r"No space left on device|File too large|Disk quota exceeded|Read-only file system|"
+                        r"Permission denied|No such file or directory|Not a directory|Input/output error")
 
-  def __init__(self, directory, *, period, max_to_keep, async_save):
+
+def _reason(e):
+  """The cause in a few words: the operating system's where Orbax/tensorstore wrap one, else the first line."""
+  message = str(e).strip()
+  fault = _OS_FAULTS.search(message)
+  if fault:
+    return fault.group(0)
+  return message.splitlines()[0][:200] if message else type(e).__name__
+
+
+def _array_names(tree):
+  """{the name Orbax stores each array leaf under ('params.layers...', 'opt_state.1.0.mu...')}."""
+  def name(path):
+    return ".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+  return {name(path) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(leaf, "shape")}
+
+
+_STATE_PARTS = {"params": "parameters", "opt_state": "optimizer state (gradient_clipping_threshold or the optimizer "
+                "changed?)", "amax_history": "FP8 delayed scaling's amax histories (quantization / "
+                "attention_quantization / amax_history_len changed?)"}
+
+
+def structure_difference(stored_names, template):
+  """None when a checkpoint holding arrays `stored_names` can fill `template`, else what differs (one phrase)."""
+  wanted = _array_names(template)
+  if stored_names == wanted:
+    return None
+  only_stored, only_wanted = stored_names - wanted, wanted - stored_names
+  parts = sorted({n.split(".")[0] for n in only_stored | only_wanted})
+  what = "; ".join(_STATE_PARTS.get(p, p) for p in parts)
+  example = (f"the checkpoint holds {sorted(only_stored)[0]}, which this config doesn't" if only_stored else
+             f"this config needs {sorted(only_wanted)[0]}, which the checkpoint lacks")
+  return f"its {what} differ from this config's ({example})"
+
+
+def settings_difference(stored_config, cfg):
+  """The data settings a checkpoint was written under that differ from `cfg`'s, as 'key: old -> new' text."""
+  changed = [f"{k}: {stored_config[k]!r} -> {getattr(cfg, k)!r}" for k in DATA_KEYS
+             if k in stored_config and stored_config[k] != getattr(cfg, k)]
+  return ", ".join(changed) or None
+
+
+def meta_record(step, cfg):
+  """What a checkpoint says about itself: its step and the run's settings."""
+  return {"step": int(step), "config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, (str, int, float,
+                                                                                                  bool, list))}}
+
+
+class Checkpointer:
+  """Saves every `period` steps (and on demand), keeps `max_to_keep` (0 = all), restores the newest readable.
+
+  `cfg` (optional) is recorded in each checkpoint's meta item and checked on resume.
+  """
+
+  def __init__(self, directory, *, period, max_to_keep, async_save, cfg=None):
     self.directory = pathlib.Path(directory).absolute()
     self.period = period
+    self.cfg = cfg
     self._log_path = self.directory.parent / "checkpoint_errors.log"
+    self._in_flight = None  # the step of an async save not yet known to have finished
     self.directory.parent.mkdir(parents=True, exist_ok=True)
+    # Orbax reports from its background threads (a failed async save's traceback): into the log, not the
+    # terminal, for as long as this checkpointer lives; the run reports the failure itself in one line.
+    self._noise = _LogFileHandler(self._log_path)
+    _route("absl", self._noise, True)
+    self._unraisable = sys.unraisablehook
+    sys.unraisablehook = self._closed_loop_noise
     with _kept_in(self._log_path) as log, _logger_to("absl", log):  # its warnings about junk dirs
       self._manager = ocp.CheckpointManager(
-          self.directory, item_names=("state", "data"),
+          self.directory, item_names=("state", "data", "meta"),
           options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep or None, enable_async_checkpointing=async_save,
                                                create=True, cleanup_tmp_directories=True))
 
@@ -51,52 +121,100 @@ class Checkpointer:
     """Whether `save(step, ..., force=force)` would consider writing: a period boundary, or forced."""
     return force or step % self.period == 0
 
+  def _failed(self, step, e):
+    _late_noise_to(self._log_path)  # the failed write's leftover callbacks print tracebacks later: to the log
+    good = [s for s in self.steps() if s != step]
+    last = (f"the last good checkpoint is {self.directory}/{good[-1]}: fix the storage (space, permissions) and "
+            "rerun to resume from it") if good else "no checkpoint was saved before it: fix the storage and rerun"
+    return CheckpointError(f"saving the checkpoint at step {step} in {self.directory} failed ({_reason(e)}); {last}")
+
   def save(self, step, state, data_state, *, force=False):
     """Checkpoint after `step` completed steps, if it is a period boundary or `force`; True if one was written."""
-    if not self.due(step, force):
+    if not self.due(step, force) or step in self._manager.all_steps():
       return False
-    if step in self._manager.all_steps():
-      return False
-    return self._manager.save(step, args=ocp.args.Composite(state=_state_args(state, False),
-                                                            data=ocp.args.JsonSave(data_state)), force=True)
+    self.wait()  # Orbax would wait for the previous save anyway: its failure is named as its own step's
+    meta = meta_record(step, self.cfg) if self.cfg is not None else {"step": int(step)}
+    args = ocp.args.Composite(state=_state_args(state, False), data=ocp.args.JsonSave(data_state),
+                              meta=ocp.args.JsonSave(meta))
+    try:
+      saved = self._manager.save(step, args=args, force=True)
+    except Exception as e:  # orbax/tensorstore/OS errors: disk full, directory removed or read-only
+      raise self._failed(step, e) from None
+    self._in_flight = step
+    return saved
+
+  def check(self):
+    """Raises CheckpointError if a background save failed (called every step: the failure is seen at once)."""
+    if self._in_flight is None:
+      return
+    try:
+      self._manager.check_for_errors()
+    except Exception as e:
+      step, self._in_flight = self._in_flight, None
+      raise self._failed(step, e) from None
+
+  def _restore(self, step, state_template):
+    step_dir = self.directory / str(step)
+    items = dict(state=_state_args(state_template, True), data=ocp.args.JsonRestore())
+    if (step_dir / "meta").is_dir():  # checkpoints from before the meta item have none
+      items["meta"] = ocp.args.JsonRestore()
+    return self._manager.restore(step, args=ocp.args.Composite(**items))
+
+  def _check_compatible(self, step, state_template):
+    """CheckpointError when the (readable-looking) checkpoint can't serve this config: named, never moved aside."""
+    try:
+      stored = _stored_names(self.directory / str(step))
+      meta = _read_meta(self.directory / str(step))
+    except Exception:  # damaged metadata: the restore that follows reports it as unreadable
+      return
+    difference = structure_difference(stored, state_template) if stored else None
+    if difference is None and isinstance(meta, dict) and self.cfg is not None:
+      changed = settings_difference(meta.get("config", {}), self.cfg)
+      difference = changed and f"it was written reading other data ({changed})"
+    if difference:
+      raise CheckpointError(f"checkpoint {self.directory}/{step} can't continue under this config: {difference}; "
+                            "resume with the settings it was written with, start from its weights with "
+                            f"load_parameters_path={self.directory}/{step}, or pick another run_name")
 
   def restore_latest(self, state_template):
     """(step, state, data_state) from the newest readable checkpoint, or None when there is none.
 
     Unreadable newer checkpoints are reported and moved aside to `<step>.corrupt`, so that the run
     writes those steps again and retention only ever counts readable ones. A checkpoint of another
-    model shape is a CheckpointError (the config changed), as is having no readable one at all.
-    Orbax's tracebacks from the failed reads go to `<run dir>/checkpoint_errors.log`, not stderr.
+    model shape or state structure is a CheckpointError (the config changed), as is having no
+    readable one at all. Orbax's tracebacks from the failed reads go to
+    `<run dir>/checkpoint_errors.log`, not stderr.
     """
     failures = []
     with _kept_in(self._log_path) as log, contextlib.redirect_stderr(log), _logger_to("absl", log):
       for step in reversed(self.steps()):
+        self._check_compatible(step, state_template)
         try:
-          restored = self._manager.restore(step, args=ocp.args.Composite(
-              state=_state_args(state_template, True), data=ocp.args.JsonRestore()))
+          restored = self._restore(step, state_template)
         except Exception as e:  # orbax/tensorstore raise many types for damaged files
-          message = str(e)
           traceback.print_exception(e, file=log)
           _late_noise_to(self._log_path)
-          if "not compatible with the stored shape" in message:
+          if "not compatible with the stored shape" in str(e):
             raise CheckpointError(f"checkpoint {self.directory}/{step} holds another model shape "
-                                  f"({_shape_mismatch(message)}): resume with the config it was trained with, or "
+                                  f"({_shape_mismatch(str(e))}): resume with the config it was trained with, or "
                                   "pick another run_name") from None
-          reason = message.splitlines()[0][:200] if message else type(e).__name__
           failures.append(step)
-          print(f"warning: checkpoint {self.directory}/{step} is unreadable ({reason}); trying the previous one",
+          print(f"warning: checkpoint {self.directory}/{step} is unreadable ({_reason(e)}); trying the previous one",
                 flush=True)
           continue
-        for bad in failures:
-          print(f"moved the unreadable checkpoint {self.directory}/{bad} aside to "
-                f"{self._move_aside(bad).name} (the run writes step {bad} again when it gets there)", flush=True)
-        if failures:
-          self._manager.reload()
+        self._set_aside(failures)
         return step, restored["state"], dict(restored["data"] or {})
     if failures:
       raise CheckpointError(f"no readable checkpoint in {self.directory} (tried steps {failures}); move the "
                             "directory away (or pick another run_name) to start from step 0")
     return None
+
+  def _set_aside(self, failures):
+    for bad in failures:
+      print(f"moved the unreadable checkpoint {self.directory}/{bad} aside to "
+            f"{self._move_aside(bad).name} (the run writes step {bad} again when it gets there)", flush=True)
+    if failures:
+      self._manager.reload()
 
   def _move_aside(self, step):
     """<step> -> <step>.corrupt (.corrupt.1, ... if taken); process 0 renames, on a filesystem all processes share."""
@@ -110,11 +228,30 @@ class Checkpointer:
     return target
 
   def wait(self):
-    self._manager.wait_until_finished()
+    """Blocks until a background save has finished; CheckpointError if it failed."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:
+      step, self._in_flight = self._in_flight, None
+      raise self._failed(step, e) from None
+    self.check()
+
+  def _closed_loop_noise(self, unraisable):
+    """A failed async write leaves tensorstore callbacks that hit Orbax's closed event loop, each an 'unraisable'
+    traceback printed from a background thread before the run learns of the failure: into the log."""
+    if isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value):
+      self._noise.emit(logging.makeLogRecord({"msg": "".join(traceback.format_exception(unraisable.exc_value))}))
+    else:
+      self._unraisable(unraisable)
 
   def close(self):
-    self._manager.wait_until_finished()
-    self._manager.close()
+    try:
+      self.wait()
+    finally:
+      self._manager.close()
+      _route("absl", self._noise, False)
+      if sys.unraisablehook == self._closed_loop_noise:  # pylint: disable=comparison-with-callable
+        sys.unraisablehook = self._unraisable
 
 
 @functools.cache
@@ -133,6 +270,32 @@ def _late_noise_to(path):
   asyncio_logger = logging.getLogger("asyncio")  # "Task exception was never retrieved", at garbage collection
   asyncio_logger.addHandler(logging.StreamHandler(log))
   asyncio_logger.propagate = False
+
+
+class _LogFileHandler(logging.Handler):
+  """Appends records to `path`, opening it at the first record (no empty log files)."""
+
+  def __init__(self, path):
+    super().__init__()
+    self.path = path
+
+  def emit(self, record):
+    try:
+      with open(self.path, "a", encoding="utf-8") as f:
+        f.write(self.format(record) + "\n")
+    except OSError:
+      pass  # the storage that failed the save may fail this too; the run reports the failure itself
+
+
+def _route(name, handler, on):
+  """While on, the `name` logger writes to `handler` only."""
+  logger = logging.getLogger(name)
+  if on:
+    logger.addHandler(handler)
+    handler.previous_propagate, logger.propagate = logger.propagate, False
+  else:
+    logger.removeHandler(handler)
+    logger.propagate = getattr(handler, "previous_propagate", True)
 
 
 @contextlib.contextmanager
@@ -166,8 +329,23 @@ def _shape_mismatch(message):
   return f"a parameter stored as {found.group(2)} is {found.group(1)} in this config" if found else "shapes differ"
 
 
+def _stored_names(step_dir):
+  """The names of the arrays a checkpoint's state item holds, from its metadata (no array is read)."""
+  metadata = ocp.StandardCheckpointer().metadata(pathlib.Path(step_dir) / "state")
+  return {leaf.name for leaf in jax.tree.leaves(getattr(metadata, "item_metadata", metadata))}
+
+
+def _read_meta(step_dir):
+  """A checkpoint's meta record ({} for checkpoints written before it existed)."""
+  step_dir = pathlib.Path(step_dir)
+  return dict(ocp.JsonCheckpointHandler().restore(step_dir / "meta") or {}) if (step_dir / "meta").is_dir() else {}
+
+
 def restore_step_dir(path, state_template):
-  """(state, data_state) from one checkpoint step directory (load_full_state_path / load_parameters_path)."""
+  """(state, data_state, step) from one checkpoint step directory (load_full_state_path / load_parameters_path).
+
+  The step comes from the checkpoint's meta item, else from a directory named by it, else None.
+  """
   path = pathlib.Path(path).absolute()
   if not (path / "state").is_dir():
     raise CheckpointError(f"{path} is not a checkpoint step directory (no {path.name}/state); point at "
@@ -176,6 +354,10 @@ def restore_step_dir(path, state_template):
     state = ocp.StandardCheckpointer().restore(path / "state", jax.tree.map(ocp.utils.to_shape_dtype_struct,
                                                                              state_template))
     data_state = ocp.JsonCheckpointHandler().restore(path / "data") if (path / "data").is_dir() else {}
+    meta = _read_meta(path)
   except Exception as e:
-    raise CheckpointError(f"can't read checkpoint {path}: {str(e).splitlines()[0][:200]}") from e
-  return state, dict(data_state or {})
+    raise CheckpointError(f"can't read checkpoint {path}: {_reason(e)}") from e
+  step = (meta or {}).get("step")
+  if step is None and path.name.isdigit():
+    step = int(path.name)
+  return state, dict(data_state or {}), step

@@ -2,12 +2,32 @@
 
 import dataclasses
 import difflib
+import math
+import os
 import pathlib
+import re
+import sys
 import typing
 
 import yaml
 
-from MaxText.quantization import recipe_names
+
+def _recipe_names_without_jax():
+  """recipes.py is plain Python but its package imports jax: load the file alone, so that
+  `python -m MaxText.config --check` (submit.sh on a login node) needs only pyyaml."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  spec = importlib.util.spec_from_file_location("_maxtext_recipes_only",
+                                                pathlib.Path(__file__).parent / "quantization" / "recipes.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # dataclasses look their module up
+  spec.loader.exec_module(module)
+  return module.recipe_names
+
+
+try:
+  from MaxText.quantization import recipe_names
+except ImportError:  # no jax on this machine
+  recipe_names = _recipe_names_without_jax()
 
 
 class ConfigError(ValueError):
@@ -33,6 +53,10 @@ SCHEMA = {
     "dry_run": Key(bool, False, "build the model abstractly, print the summary and memory estimate, exit"),
     "enable_tensorboard": Key(bool, True, "write TensorBoard event files next to the JSONL metrics"),
     "hardware_memory_gib": Key(float, 0.0, "memory per device for the preflight check (0 = ask the device)"),
+    "jax_cache_dir": Key(str, "~/.cache/maxtext_nvfp4/jax", "persistent compilation cache shared by every run on "
+                         "the machine: a restart loads what an earlier start compiled ('' = off)"),
+    "data_prefetch_depth": Key(int, 2, "batches read and placed on the devices ahead of the step, by a background "
+                               "thread (0 = read each batch in the loop)"),
     "profiler": Key(str, "", "'' (off), xplane (XProf trace of the profiled steps under run_dir/tensorboard, for "
                     "TensorBoard or Perfetto, plus a printed device-time breakdown) or nsys (cudaProfilerStart/Stop "
                     "around them, for nsys profile --capture-range=cudaProfilerApi)", ("", "xplane", "nsys")),
@@ -68,6 +92,10 @@ SCHEMA = {
                                 "its block-scaled dot is a native FP4 GEMM (SM100+), else emulate; te; xla "
                                 "(jax.nn.scaled_matmul on our NVFP4 operands, NVIDIA GPUs); emulate (pure JAX)",
                                 ("auto", "te", "xla", "emulate")),
+    "quantization_kernels": Key(str, "auto", "operand quantizers of the emulated backend: auto (Pallas Triton "
+                                "kernels on a single NVIDIA GPU, else xla), pallas, xla (the portable XLA path, "
+                                "same bits)",
+                                ("auto", "pallas", "xla")),
     "disable_rht": Key(bool, False, "NVFP4: no Random Hadamard Transform on the wgrad operands"),
     "disable_stochastic_rounding": Key(bool, False, "NVFP4: round gradients to nearest instead of stochastically"),
     "disable_2d_quantization": Key(bool, False, "NVFP4: 1x16 blocks for weights instead of 16x16 tiles"),
@@ -97,11 +125,14 @@ SCHEMA = {
     "scan_layers": Key(bool, True, "run the decoder layers with lax.scan (one compiled layer)"),
     "remat_policy": Key(str, "full", "activation rematerialization per layer: none, full (recompute the layer), "
                         "minimal (keep the q/k/v/o and MLP GEMM outputs), +_with_context (and the attention "
-                        "output), +_with_quantization (and the quantized operands the backward GEMMs reuse)",
+                        "output, with cuDNN its softmax statistics too), +_with_quantization (and the quantized operands the backward GEMMs reuse)",
                         ("none", "minimal", "minimal_with_context", "minimal_with_quantization",
                          "minimal_with_context_and_quantization", "full")),
     "attention": Key(str, "dot_product", "attention kernel: XLA dot_product, or cuDNN flash on GPU",
                      ("dot_product", "cudnn_flash")),
+    "num_vocab_tiling": Key(int, 1, "compute the lm head and its cross-entropy in this many tiles of the sequence, "
+                            "gradients included, so the [tokens, vocab] f32 logits are never whole in memory "
+                            "(1 = off; must divide max_target_length)"),
     # -- distribution
     "hardware": Key(str, "cpu", "cpu (one process; NNODES>1 with JAX_COORDINATOR_IP for CPU multi-process), gpu (one "
                     "process per node from JAX_COORDINATOR_IP/PORT, NNODES, NODE_RANK) or gpu_multiprocess (one "
@@ -125,8 +156,13 @@ SCHEMA = {
     "grain_eval_files": Key(str, "", "grain: glob of the eval ArrayRecord shards ('' = no eval data)"),
     "grain_record_format": Key(str, "text", "grain/tfds: records are UTF-8 text (tokenized on the fly) or "
                                "token_ids (int32 little-endian)", ("text", "token_ids")),
-    "grain_worker_count": Key(int, 0, "grain: worker processes (0 = read in the training process)"),
-    "grain_max_pieces_per_document": Key(int, 4096, "grain: a document longer than this many sequences is an error"),
+    "grain_worker_count": Key(int, 0, "grain/tfds: worker processes reading the training data, each its own share "
+                              "of the documents (0 = read in the training process; eval always reads there)"),
+    "packing": Key(bool, True, "grain/tfds: pack several documents into each row (attention masked per document); "
+                   "false: one document piece per row, right-padded, attention causal only. Synthetic data is "
+                   "never packed"),
+    "grain_max_pieces_per_document": Key(int, 4096, "grain/tfds: a document longer than this many sequences of "
+                                         "max_target_length is an error naming it"),
     "dataset_path": Key(str, "", "tfds: the data_dir holding <dataset_name>/<version>/"),
     "dataset_name": Key(str, "", "tfds: dataset name"),
     "train_split": Key(str, "train", "tfds: training split"),
@@ -148,6 +184,83 @@ SCHEMA = {
     "load_full_state_path": Key(str, "", "start from this checkpoint step directory: parameters, optimizer "
                                 "state, step and data position"),
 }
+
+
+INT32_MAX = 2 ** 31 - 1  # steps, positions and sizes reach int32 arrays and XLA shapes
+MESH_AXES = ("data", "fsdp", "context", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+  """A numeric key's valid values: low..high, each end closed unless marked open."""
+  low: float
+  high: float
+  low_open: bool = False
+  high_open: bool = False
+
+  def __contains__(self, v):
+    return (v > self.low if self.low_open else v >= self.low) and (v < self.high if self.high_open else v <= self.high)
+
+  def describe(self, v):
+    """'> 0', '>= 0', 'at most 2147483647' or 'in [0, 1)': what `v` violates."""
+    if self.high in (INT32_MAX, 2 ** 32 - 1, math.inf) and v > self.low:
+      return f"at most {self.high}"
+    low, high = _number(self.low), _number(self.high)
+    if self.high in (INT32_MAX, math.inf):
+      return "> 0" if self.low == 1 and not self.low_open else f"{'>' if self.low_open else '>='} {low}"
+    return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def _number(x):
+  return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+_COUNT, _NONNEGATIVE, _OR_MINUS_1 = Span(1, INT32_MAX), Span(0, INT32_MAX), Span(-1, INT32_MAX)
+_POSITIVE, _NONNEGATIVE_REAL, _FRACTION = Span(0, math.inf, low_open=True), Span(0, math.inf), Span(0, 1)
+# Every numeric key's range; unlisted int keys take [-INT32_MAX, INT32_MAX], unlisted floats any finite value.
+RANGES = {
+    **{n: _COUNT for n in ("steps", "log_period", "profiler_steps", "max_target_length", "gradient_accumulation_steps",
+                           "amax_history_len", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads",
+                           "head_dim", "base_mlp_dim", "base_num_decoder_layers", "vocab_size",
+                           "rope_original_max_position", "jax_distributed_initialization_timeout",
+                           "grain_max_pieces_per_document", "eval_steps", "checkpoint_period", "num_vocab_tiling")},
+    **{n: _NONNEGATIVE for n in ("skip_first_n_steps_for_profiler", "quantization_bf16_first_layers",
+                                 "quantization_bf16_last_layers", "quantization_stats_period", "num_devices",
+                                 "eval_interval", "max_num_checkpoints_to_keep", "data_prefetch_depth")},
+    **{n: _OR_MINUS_1 for n in ("warmup_steps", "learning_rate_schedule_steps", "high_precision_from_step")},
+    **{f"{k}_{a}_parallelism": _OR_MINUS_1 for k in ("ici", "dcn") for a in MESH_AXES},
+    "seed": Span(0, 2 ** 32 - 1),  # grain's shuffle and numpy's generators take unsigned 32-bit seeds
+    "grain_worker_count": Span(0, 1024),  # processes
+    **{n: _NONNEGATIVE_REAL for n in ("hardware_memory_gib", "learning_rate", "adam_weight_decay",
+                                      "gradient_clipping_threshold")},
+    **{n: _FRACTION for n in ("warmup_steps_fraction", "cosine_learning_rate_final_fraction")},
+    **{n: Span(0, 1, high_open=True) for n in ("adam_b1", "adam_b2")},
+    **{n: _POSITIVE for n in ("adam_eps", "normalization_layer_epsilon", "rope_max_timescale", "rope_scaling_factor",
+                              "rope_low_freq_factor", "rope_high_freq_factor")},
+    "per_device_batch_size": Span(0, INT32_MAX, low_open=True),
+}
+# Paths get ~ and $VARIABLES expanded as a shell would, when the config is loaded.
+PATH_KEYS = ("base_output_directory", "grain_train_files", "grain_eval_files", "dataset_path", "tokenizer_path",
+             "load_parameters_path", "load_full_state_path", "jax_cache_dir")
+_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
+def _check_number(name, value, where):
+  if isinstance(value, float) and not math.isfinite(value):
+    raise ConfigError(f"{where}: {name}={value} must be a finite number")
+  span = RANGES.get(name, Span(-INT32_MAX, INT32_MAX) if isinstance(value, int) else Span(-math.inf, math.inf))
+  if value not in span:
+    raise ConfigError(f"{where}: {name}={value} must be {span.describe(value)}")
+
+
+def _expand_path(name, value, where):
+  """~ and $VAR / ${VAR} expanded as a shell would; a variable that is not set is an error (a shell makes it '')."""
+  expanded = os.path.expanduser(os.path.expandvars(value))
+  unset = _VARIABLE.search(expanded)
+  if unset:
+    raise ConfigError(f"{where}: {name}={value!r}: the environment variable {unset.group(1).strip('{}')} is not "
+                      "set; set it or write the path out")
+  return expanded
 
 
 def _parse_bool(value):
@@ -187,6 +300,10 @@ def _coerce(name, value, where):
     raise
   except (TypeError, ValueError, OverflowError):
     raise ConfigError(f"{where}: {name}={value!r} is not a valid {key.type.__name__}") from None
+  if key.type in (int, float):
+    _check_number(name, out, where)
+  if name in PATH_KEYS:
+    out = _expand_path(name, out, where)
   if key.choices and out not in key.choices:
     shown = ", ".join(repr(c) if c == "" else c for c in key.choices)
     raise ConfigError(f"{where}: {name}={out!r} is not one of: {shown}")
@@ -255,8 +372,8 @@ def parse_overrides(args):
 
 def load(config_path, overrides=()):
   """The validated Config from a YAML file (with base_config inheritance) and key=value overrides."""
-  values = {n: k.default for n, k in SCHEMA.items()}
-  values.update(_load_yaml(pathlib.Path(config_path)))
+  values = {n: os.path.expanduser(k.default) if n in PATH_KEYS else k.default for n, k in SCHEMA.items()}
+  values.update(_load_yaml(pathlib.Path(os.path.expanduser(str(config_path)))))
   for name, raw in parse_overrides(overrides).items():
     values[name] = _coerce(name, raw, "command line")
   return Config(**values)
@@ -270,7 +387,7 @@ def _validate(c):
       raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
   if c.per_device_batch_size <= 0:
     raise ConfigError(f"per_device_batch_size={c.per_device_batch_size} must be > 0")
-  for name in ("eval_interval", "grain_worker_count", "skip_first_n_steps_for_profiler"):
+  for name in ("eval_interval", "grain_worker_count", "skip_first_n_steps_for_profiler", "data_prefetch_depth"):
     if getattr(c, name) < 0:
       raise ConfigError(f"{name}={getattr(c, name)} must be >= 0")
   for name in ("eval_steps", "checkpoint_period", "grain_max_pieces_per_document", "profiler_steps"):
@@ -308,6 +425,20 @@ def _validate(c):
                       "base_output_directory/run_name")
   if c.head_dim % 2:
     raise ConfigError(f"head_dim={c.head_dim} must be even (RoPE rotates pairs)")
+  if c.num_vocab_tiling < 1 or c.max_target_length % c.num_vocab_tiling:
+    raise ConfigError(f"num_vocab_tiling={c.num_vocab_tiling} must be >= 1 and divide max_target_length="
+                      f"{c.max_target_length} (the lm head runs in tiles of the sequence)")
+  _validate_ranges_across_keys(c)
+
+
+def _validate_ranges_across_keys(c):
+  """What a single key's range (RANGES) can't say: mesh sizes of 0, RoPE's interpolation band."""
+  for name in (f"{k}_{a}_parallelism" for k in ("ici", "dcn") for a in MESH_AXES):
+    if getattr(c, name) == 0:
+      raise ConfigError(f"{name}=0 must be -1 (the remaining devices) or >= 1")
+  if c.rope_type == "llama3.1" and c.rope_high_freq_factor <= c.rope_low_freq_factor:
+    raise ConfigError(f"rope_high_freq_factor={c.rope_high_freq_factor} must be > rope_low_freq_factor="
+                      f"{c.rope_low_freq_factor} (llama3.1 RoPE interpolates between them; Llama 3.1 uses 4 and 1)")
 
 
 def _replace(self, **changes):
@@ -368,14 +499,61 @@ def write_base_yml(path):
   return text
 
 
-if __name__ == "__main__":
-  import sys  # pylint: disable=import-outside-toplevel
-  if sys.argv[1:2] == ["--check"]:  # python -m MaxText.config --check CONFIG [key=value ...] (submit.sh)
-    try:
-      load(sys.argv[2] if len(sys.argv) > 2 else "", sys.argv[3:])
-    except ConfigError as e:
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(2)
-    print("config ok")
-  else:
+def check_job(cfg, nodes, devices_per_node):
+  """The mesh keys against a job of `nodes` processes of `devices_per_node` devices each (submit.sh runs this
+  before sbatch, where there may be no jax: the trainer's mesh forms from the same keys)."""
+  for kind, count, unit, flag in (("dcn", nodes, "node(s)", "--nodes"),
+                                  ("ici", devices_per_node, "GPU(s) per node", "--gpus-per-node")):
+    values = [getattr(cfg, f"{kind}_{a}_parallelism") for a in MESH_AXES]
+    named = ", ".join(f"{kind}_{a}_parallelism={v}" for a, v in zip(MESH_AXES, values) if v != 1) or f"{kind}_* = 1"
+    if values.count(-1) > 1:
+      raise ConfigError(f"only one {kind}_*_parallelism may be -1 ({named})")
+    fixed = math.prod(v for v in values if v != -1)
+    if (count % fixed) if -1 in values else (count != fixed):
+      need = f"a multiple of {fixed}" if -1 in values else f"exactly {fixed}"
+      raise ConfigError(f"{flag} {count}: the config's {named} needs {need} {unit}; change {flag} or the "
+                        f"{kind}_* keys")
+
+
+USAGE = """usage: python -m MaxText.config                  print configs/base.yml (every key, its default and doc)
+       python -m MaxText.config --check [--nodes N --gpus-per-node G] CONFIG [key=value ...]
+           validate a config (and that its mesh fits a job of N nodes x G GPUs); needs pyyaml, not jax"""
+
+
+def _check_cli(args):
+  """--check's arguments -> (config path, overrides, nodes or None, GPUs per node or None)."""
+  job = {"--nodes": None, "--gpus-per-node": None}
+  while args and args[0] in job:
+    if len(args) < 2 or not args[1].isdigit() or int(args[1]) < 1:
+      raise ConfigError(f"{args[0]} needs a positive integer")
+    job[args[0]], args = int(args[1]), args[2:]
+  if not args or args[0].startswith("-"):
+    raise ConfigError("--check needs a config file: python -m MaxText.config --check [--nodes N "
+                      "--gpus-per-node G] CONFIG [key=value ...]")
+  return args[0], args[1:], job["--nodes"], job["--gpus-per-node"]
+
+
+def main(argv):
+  if argv[:1] in (["-h"], ["--help"]):
+    print(USAGE)
+    return 0
+  if argv[:1] != ["--check"]:
+    if argv:
+      print(f"error: unknown argument {argv[0]!r}\n{USAGE}", file=sys.stderr)
+      return 2
     print(write_base_yml(None), end="")
+    return 0
+  try:
+    path, overrides, nodes, gpus = _check_cli(argv[1:])
+    cfg = load(path, overrides)
+    if nodes or gpus:
+      check_job(cfg, nodes or 1, gpus or 1)
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print("config ok")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,7 +1,13 @@
 """Per-step metrics: MaxText's stdout line, a JSON-lines file and TensorBoard events under the run dir."""
 
+import contextlib
 import json
+import os
 import pathlib
+
+
+class MetricsError(Exception):
+  """The metrics files can't be written (disk full, directory gone): an environment error, one line."""
 
 
 def step_line(step, seconds, tflops_per_device, tokens_per_device, total_weights, loss):
@@ -10,44 +16,78 @@ def step_line(step, seconds, tflops_per_device, tokens_per_device, total_weights
           f"Tokens/s/device: {tokens_per_device:.3f}, total_weights: {int(total_weights)}, loss: {loss:.3f}")
 
 
-class MetricsWriter:
-  """Writes metrics.jsonl and (optionally) TensorBoard events into `run_dir`; flushes every `flush_period` steps."""
+def _drop_rows_from(path, first_step):
+  """Rewrite metrics.jsonl without rows of steps >= first_step: a resumed run writes those steps again, so the
+  file holds each step once, as the resumed run computed it."""
+  if not path.is_file():
+    return
+  lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+  kept = [l for l in lines if l.strip() and json.loads(l).get("step", -1) < first_step]
+  if len(kept) != len(lines):
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
 
-  def __init__(self, run_dir, *, tensorboard=True, flush_period=10, enabled=True):
+
+class MetricsWriter:
+  """Writes metrics.jsonl and (optionally) TensorBoard events into `run_dir`; flushes every `flush_period` steps.
+
+  Rows of steps >= `first_step` left by an earlier, interrupted run are dropped first (see _drop_rows_from).
+  """
+
+  def __init__(self, run_dir, *, tensorboard=True, flush_period=10, enabled=True, first_step=0):
     self.enabled = enabled  # only the first process writes files in a multi-process job
     self.run_dir = pathlib.Path(run_dir)
     self.tb = None
     if not enabled:
       return
-    self.run_dir.mkdir(parents=True, exist_ok=True)
-    self.jsonl = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
     self.flush_period = flush_period
+    with self._reported("open"):
+      self.run_dir.mkdir(parents=True, exist_ok=True)
+      _drop_rows_from(self.run_dir / "metrics.jsonl", first_step)
+      self.jsonl = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
     if tensorboard:
       from tensorboardX import SummaryWriter  # imported here: optional for library users
       self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
 
+  @contextlib.contextmanager
+  def _reported(self, what):
+    """OSError inside the block -> one MetricsError line naming the directory and the cause."""
+    try:
+      yield
+    except OSError as e:
+      raise MetricsError(f"can't {what} the metrics in {self.run_dir} ({e.strerror or e}); free space or fix the "
+                         "directory, then rerun (checkpoints resume the run)") from None
+
   def write(self, step, metrics: dict):
     if not self.enabled:
       return
-    self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
-    if self.tb is not None:
-      for name, value in metrics.items():
-        if isinstance(value, (int, float)):
-          self.tb.add_scalar(name, value, step)
+    with self._reported(f"write step {step} of"):
+      self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+      if self.tb is not None:
+        for name, value in metrics.items():
+          if isinstance(value, (int, float)):
+            self.tb.add_scalar(name, value, step)
     if step % self.flush_period == 0:
       self.flush()
 
   def flush(self):
     if not self.enabled:
       return
-    self.jsonl.flush()
-    if self.tb is not None:
-      self.tb.flush()
+    with self._reported("flush"):
+      self.jsonl.flush()
+      if self.tb is not None:
+        self.tb.flush()
 
   def close(self):
     if not self.enabled:
       return
-    self.flush()
-    self.jsonl.close()
-    if self.tb is not None:
-      self.tb.close()
+    try:
+      self.flush()
+    finally:
+      try:
+        self.jsonl.close()
+      except OSError:
+        pass
+      if self.tb is not None:
+        self.tb.close()

@@ -7,6 +7,7 @@ from MaxText.model.decoder import ATTENTION_GEMMS, MLP_GEMMS
 from MaxText.model.layers import GemmPrecision
 from MaxText.quantization import backends, get_recipe
 from MaxText.quantization import emulated
+from MaxText.quantization import quantizer_impl
 from MaxText.quantization import stats as quant_stats
 
 BF16 = GemmPrecision()
@@ -49,9 +50,9 @@ def _merge_ranges(ranges):
 def plan_from_config(cfg, high_precision=False) -> PrecisionPlan:
   """MLP GEMMs in `quantization`; attention projections in `attention_quantization` (or the same
   recipe with quantization_scope=all_dense); BF16 edge layers; everything BF16 if `high_precision`."""
-  mlp = GemmPrecision(_recipe(cfg, cfg.quantization), cfg.quantization_backend)
+  mlp = GemmPrecision(_recipe(cfg, cfg.quantization), cfg.quantization_backend, cfg.quantization_kernels)
   attn_name = cfg.quantization if cfg.quantization_scope == "all_dense" else cfg.attention_quantization
-  attn = GemmPrecision(_recipe(cfg, attn_name), cfg.quantization_backend)
+  attn = GemmPrecision(_recipe(cfg, attn_name), cfg.quantization_backend, cfg.quantization_kernels)
   quantized = {**{g: attn for g in ATTENTION_GEMMS}, **{g: mlp for g in MLP_GEMMS}}
   bf16 = {g: BF16 for g in ATTENTION_GEMMS + MLP_GEMMS}
   n, first, last = cfg.base_num_decoder_layers, cfg.quantization_bf16_first_layers, cfg.quantization_bf16_last_layers
@@ -73,16 +74,25 @@ def gemm_flops(cfg):
   return out, f
 
 
+def _quantizers(backend, kernels):
+  """Who quantizes the operands: our Pallas kernels or the XLA path ('-' where nothing or TE does)."""
+  if backend in ("bf16", "te"):
+    return "-"
+  return "xla" if backend == "xla" else quantizer_impl.resolve(kernels)
+
+
 def rows(plan, cfg):
-  """(gemm kind, layers, recipe, backend) per GEMM kind and layer range, lm head and attention core last."""
+  """(gemm kind, layers, recipe, backend, quantizers) per GEMM kind and layer range, lm head and attention core
+  last."""
   out = []
   for start, stop, precision in plan.layer_ranges:
     for gemm in ATTENTION_GEMMS + MLP_GEMMS:
       p = precision[gemm]
-      out.append((gemm, f"{start}-{stop - 1}", p.recipe.name or "bf16", backends.resolve(p.recipe, p.backend)))
+      backend = backends.resolve(p.recipe, p.backend)
+      out.append((gemm, f"{start}-{stop - 1}", p.recipe.name or "bf16", backend, _quantizers(backend, p.kernels)))
   last = f"0-{cfg.base_num_decoder_layers - 1}"
-  out.append(("attention core (QK^T, PV)", last, "bf16", "bf16"))
-  out.append(("lm_head", "-", "bf16", "bf16"))
+  out.append(("attention core (QK^T, PV)", last, "bf16", "bf16", "-"))
+  out.append(("lm_head", "-", "bf16", "bf16", "-"))
   return out
 
 
@@ -122,8 +132,8 @@ def stats_record(plan: PrecisionPlan, stats_by_gemm) -> dict:
 
 
 def format_plan(plan: PrecisionPlan, cfg) -> str:
-  lines = [f"{'gemm':<26} {'layers':<8} {'recipe':<24} backend"]
-  lines += [f"{g:<26} {l:<8} {r:<24} {b}" for g, l, r, b in rows(plan, cfg)]
+  lines = [f"{'gemm':<26} {'layers':<8} {'recipe':<24} {'backend':<9} quantizers"]
+  lines += [f"{g:<26} {l:<8} {r:<24} {b:<9} {q}" for g, l, r, b, q in rows(plan, cfg)]
   share = ", ".join(f"{k} {v:.1%}" for k, v in flops_share(plan, cfg).items())
   lines.append(f"share of training FLOPs: {share}")
   return "\n".join(lines)

@@ -5,16 +5,23 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from MaxText.model import vocab_tiling
 from MaxText.model.decoder import GEMMS
 from MaxText.quantization import stats as quant_stats
 
 
 def loss_terms(model, batch, layer_precisions, key, stats_sinks=None):
-  """(sum of weighted token cross-entropies, sum of weights) for one micro-batch."""
-  logits = model(batch["inputs"], batch["positions"], batch["segment_ids"], layer_precisions=layer_precisions,
-                 key=key, stats_sinks=stats_sinks)
-  xent = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
-  return jnp.sum(xent * batch["weights"]), jnp.sum(batch["weights"])
+  """(sum of weighted token cross-entropies, sum of weights) for one micro-batch; with num_vocab_tiling > 1
+  the lm head and its cross-entropy run tile by tile (model/vocab_tiling.py), never all logits at once."""
+  x = model.hidden(batch["inputs"], batch["positions"], batch["segment_ids"], layer_precisions=layer_precisions,
+                   key=key, stats_sinks=stats_sinks)
+  if model.num_vocab_tiling > 1:
+    xent_sum = vocab_tiling.xent_sum(x, model.lm_head[...], batch["targets"], batch["weights"],
+                                     model.num_vocab_tiling, model.dtype)
+  else:
+    xent = optax.softmax_cross_entropy_with_integer_labels(model.logits(x), batch["targets"])
+    xent_sum = jnp.sum(xent * batch["weights"])
+  return xent_sum, jnp.sum(batch["weights"])
 
 
 def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0, state_shardings=None):

@@ -6,6 +6,12 @@ Compute: the latency-hiding scheduler, cuBLAS rather than Triton for GEMMs, no C
 buffers (they hide kernels from the profiler and fight the scheduler), XLA's rematerialization pass
 off (the remat policy decides). Collectives: pipelined and combined all-gather / reduce-scatter /
 all-reduce with combine thresholds scaled by the job size, double-buffered while loops.
+
+Attention: the recipes set no XLA flag for it (their cuDNN attention comes through Transformer Engine,
+NVTE_FUSED_ATTN=1), and none applies here: jax's cuDNN attention (attention=cudnn_flash) is an explicit
+custom call that XLA passes through (xla_gpu_enable_cudnn_fmha only governs XLA's own pattern-matching of
+attention into cuDNN, off by default). What the kernel costs is decided by what it is given: a causal mask
+type and no mask tensor for unpacked rows (MaxText/model/attention.py).
 """
 
 import os
@@ -55,5 +61,18 @@ def apply_if_gpu(total_gpus=1, environ=os.environ):
   return False
 
 
+def main(argv):
+  """python3 MaxText/xla_flags.py [TOTAL_GPUS]: the flags on one line (no jax needed)."""
+  if argv[:1] in (["-h"], ["--help"]):
+    print(__doc__.strip())
+    return 0
+  if len(argv) > 1 or (argv and not (argv[0].isdigit() and int(argv[0]) >= 1)):
+    print(f"error: expected one argument, the job's total GPU count (an integer >= 1), got {' '.join(argv)!r}",
+          file=sys.stderr)
+    return 2
+  print(" ".join(gpu_flags(int(argv[0]) if argv else 1)))
+  return 0
+
+
 if __name__ == "__main__":
-  print(" ".join(gpu_flags(int(sys.argv[1]) if len(sys.argv) > 1 else 1)))
+  sys.exit(main(sys.argv[1:]))

@@ -37,9 +37,24 @@ def load_configs(config_path, overrides, modes):
   return [load_config(config_path, [*overrides, f"run_name={run_dir_name(mode)}"], mode) for mode in modes]
 
 
+class OneLineParser(argparse.ArgumentParser):
+  """argparse whose mistakes are the project's one line (error: ..., exit 2) rather than usage + error; an
+  unknown --option is one too, where parse_known_args would have passed it on as a trainer override."""
+
+  def error(self, message):
+    fail(f"{self.prog}: {message} (see --help)")
+
+  def parse_known_args(self, args=None, namespace=None):
+    known, extra = super().parse_known_args(args, namespace)
+    options = [a for a in extra if a.startswith("-")]
+    if options:
+      self.error(f"unrecognized arguments: {' '.join(options)}")
+    return known, extra
+
+
 def argument_parser(doc, default_modes, default_steps):
   """--config, --modes, --steps; any other key=value argument is a trainer override (parse_known_args)."""
-  parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = OneLineParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", default="configs/llama3_tiny.yml")
   parser.add_argument("--modes", type=lambda v: [m for m in v.split(",") if m], default=default_modes,
                       help="comma-separated, each RECIPE[:key=value...] (default: %(default)s)")
@@ -54,6 +69,12 @@ def machine():
   device = jax.devices()[0]
   return {"commit": commit or "unknown", "device": f"{len(jax.devices())}x {device.device_kind} ({device.platform})",
           "host": platform.platform(), "jax": jax.__version__}
+
+
+def write_json(path, machine_info, config_path, overrides, rows):
+  """A harness's rows as JSON, with the machine record and the config they were measured on."""
+  pathlib.Path(path).write_text(json.dumps({"machine": machine_info, "config": config_path, "overrides": overrides,
+                                            "rows": rows}, indent=1) + "\n", encoding="utf-8")
 
 
 def parse_mode(mode: str):

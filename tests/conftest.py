@@ -4,11 +4,15 @@ import contextlib
 import json
 import os
 import pathlib
+import tempfile
 
 import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# One persistent compilation cache for the whole test run (pytest-xdist workers inherit it from the controller):
+# the many small trainings of the suite compile the same steps, and each compiles once.
+JAX_CACHE = os.environ.setdefault("MAXTEXT_TEST_JAX_CACHE", tempfile.mkdtemp(prefix="maxtext-test-jax-cache-"))
 GOLDEN = pathlib.Path(os.environ.get("NVFP4_GOLDEN_DIR", REPO.parent / "shared" / "golden" / "nvfp4"))
 
 

@@ -55,3 +55,33 @@ def test_remat_policies_with_context_and_quantization_keep_more():
   assert accounting.quantized_residual_bytes(fp8, tokens) == tokens * (2 * d + f) + 3 * d * f
   nvfp4 = cfg.replace(quantization="te_nvfp4")
   assert accounting.quantized_residual_bytes(nvfp4, tokens) == 3 * d * f * 2  # weights only, bf16
+
+
+def test_vocab_tiling_estimate_holds_one_tile_of_logits():
+  cfg = _cfg("llama3_8b.yml", "per_device_batch_size=2", "max_target_length=8192")
+  tokens, v = 2 * 8192, 128256
+  plain = accounting.activation_bytes(cfg, 2)
+  tiled = accounting.activation_bytes(cfg.replace(num_vocab_tiling=8), 2)
+  # Plain: f32 logits and their f32 gradient (16.8 GB); tiled: one tile's f32 logits + bf16 gradient.
+  assert accounting.logits_bytes(cfg, tokens) == 2 * 4 * tokens * v
+  assert plain - tiled == 2 * 4 * tokens * v - (4 + 2) * tokens // 8 * v
+
+
+def test_memory_estimate_counts_the_amax_histories_the_model_allocates():
+  """te_fp8_delayedscaling: the estimate holds every history the model builds (replicated on each device) and
+  the new ones each step returns; recipes without a history add nothing."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from MaxText import run_setup  # pylint: disable=import-outside-toplevel
+  for overrides in (["quantization=te_fp8_delayedscaling"], ["attention_quantization=te_fp8_delayedscaling"]):
+    cfg = _cfg("llama3_tiny.yml", "dataset_type=synthetic", "amax_history_len=16", *overrides)
+    _, _, rest = run_setup.abstract_model(cfg)
+    allocated = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(rest))
+    assert allocated == 4 * 7 * 3 * 16 * 4  # 4 layers x 7 Dense x [3, 16] f32
+    assert accounting.amax_history_bytes(cfg) == 2 * allocated
+    mem = accounting.memory_per_device(cfg, 1, 8)
+    assert mem.amax_history == 2 * allocated
+    assert mem.total_gib * accounting.GIB == mem.params + mem.grads + mem.optimizer + mem.activations + 2 * allocated
+  assert accounting.amax_history_bytes(_cfg("llama3_tiny.yml", "quantization=te_nvfp4")) == 0
+  # 405B with a 2^20-step history: 126 layers x 7 x 3 x 2^20 x 4 B, twice = 20.7 GiB that the preflight must see.
+  big = _cfg("llama3.1_405b.yml", "quantization=te_fp8_delayedscaling", f"amax_history_len={2 ** 20}")
+  assert accounting.amax_history_bytes(big) / accounting.GIB == 2 * 126 * 7 * 3 * 4 / 1024

@@ -4,6 +4,7 @@ fallback, load paths, and a NaN loss that keeps the last good checkpoint."""
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,24 +49,34 @@ def test_sigterm_then_rerun_gives_identical_losses(tmp_path, monkeypatch, corpus
   with monkeypatch.context() as m:
     _sigterm_after(m, 4)
     first = train.train(_cfg(tmp_path, *extra, run="cut"))
-  assert len(first) == 5  # steps 0..4, then a checkpoint at 5 and a clean stop
-  assert sorted(int(p.name) for p in (tmp_path / "cut" / "checkpoints").iterdir() if p.name.isdigit()) == [3, 5]
+  # Steps 0..4, and step 5 when it was already dispatched (steps run one ahead of their metrics); then a
+  # checkpoint after the last finished step and a clean stop.
+  assert len(first) in (5, 6)
+  assert sorted(int(p.name) for p in (tmp_path / "cut" / "checkpoints").iterdir()
+                if p.name.isdigit()) == [3, len(first)]
   second = train.train(_cfg(tmp_path, *extra, run="cut"))
   assert first + second == full  # bit for bit
 
 
-def test_cli_sigterm_exits_cleanly_and_resumes(tmp_path):
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_cli_stop_signal_exits_cleanly_and_resumes(tmp_path, sig, code):
+  """SIGTERM (Slurm) and SIGINT (Ctrl-C) both checkpoint and stop; a second trainer on the live run is refused."""
   args = [sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL, f"base_output_directory={tmp_path}",
-          "run_name=cli", "enable_checkpointing=true", "checkpoint_period=1000", "steps=400",
-          "async_checkpointing=false"]
+          "run_name=cli", "enable_checkpointing=true", "checkpoint_period=100000", "steps=100000",
+          "async_checkpointing=false"]  # runs until the signal
   proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   lines = []
   for line in proc.stdout:
     lines.append(line)
     if line.startswith("completed step: 2,"):
-      proc.send_signal(signal.SIGTERM)
-  assert proc.wait(timeout=120) == 0, "".join(lines[-5:])
-  stop = [l for l in lines if l.startswith("SIGTERM: stopped after step")]
+      second = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+      assert second.returncode == 2 and second.stderr.strip() == (
+          f"error: run directory {tmp_path}/cli is in use by pid {proc.pid} on {os.uname().nodename} (since "
+          f"{second.stderr.split('(since ')[1].split(')')[0]}); wait for it to finish, stop it, or pick another "
+          "run_name"), second.stderr
+      proc.send_signal(sig)
+  assert proc.wait(timeout=120) == code, "".join(lines[-5:])
+  stop = [l for l in lines if l.startswith(f"{sig.name}: stopped after step")]
   assert stop, "".join(lines[-5:])
   done = int(stop[0].split("step ")[1].split(",")[0]) + 1
   assert (tmp_path / "cli" / "checkpoints" / str(done)).is_dir()
@@ -155,4 +166,64 @@ def test_damaged_changed_and_finished_runs_lose_nothing(tmp_path):
   assert "resuming from checkpoint " + str(ckpts / "6") in _cli(tmp_path, "steps=7").stdout  # 6 is readable
   # Every step's metrics row reached disk with its checkpoint.
   rows = [json.loads(l)["step"] for l in (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()]
-  assert rows == [0, 1, 2, 3, 2, 3, 4, 5, 6]
+  assert rows == [0, 1, 2, 3, 4, 5, 6]  # once each: a resume rewrites the steps after its checkpoint
+
+
+def _limited_file_size(limit_bytes):
+  """preexec_fn: files larger than `limit_bytes` fail to write (EFBIG), as on a full disk, without privileges."""
+  import resource  # pylint: disable=import-outside-toplevel
+
+  def apply():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of the process being killed
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+  return apply
+
+
+def test_a_save_that_fails_in_the_background_stops_the_run_at_once(tmp_path):
+  """Checkpoints too big for the storage (async saves): one line naming the step, no step directory a resume
+  would pick, and the run stops at the next step rather than training on without checkpoints."""
+  args = [sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL, f"base_output_directory={tmp_path}",
+          "run_name=full", "enable_checkpointing=true", "checkpoint_period=2", "steps=40", "async_checkpointing=true"]
+  proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300,
+                        preexec_fn=_limited_file_size(150_000))
+  assert proc.returncode == 2 and proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr[-3000:]
+  assert "Traceback" not in proc.stdout  # the compilation cache's failed writes: one warning line at most
+  assert proc.stderr.startswith(f"error: saving the checkpoint at step 2 in {tmp_path}/full/checkpoints failed (File "
+                                "too large); no checkpoint was saved before it")
+  assert not [p for p in (tmp_path / "full" / "checkpoints").iterdir() if p.name.isdigit()]
+  assert proc.stdout.count("completed step") <= 6  # noticed within a few steps, not at the next period
+
+
+def test_a_checkpoint_directory_gone_mid_run_names_the_step_and_the_last_good_one(tmp_path, monkeypatch, capsys):
+  real = metrics.MetricsWriter.write
+  ckpts = tmp_path / "gone" / "checkpoints"
+
+  def write(self, step, record):
+    real(self, step, record)
+    if step == 4:  # after checkpoint 4 is written: the directory is removed and a file takes its place
+      shutil.rmtree(ckpts)
+      ckpts.write_text("not a directory")
+  monkeypatch.setattr(metrics.MetricsWriter, "write", write)
+  code = train.main([str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, f"base_output_directory={tmp_path}",
+                     "run_name=gone", "enable_checkpointing=true", "checkpoint_period=3", "steps=9",
+                     "async_checkpointing=false"])
+  err = capsys.readouterr().err
+  assert code == 2 and err.startswith(f"error: saving the checkpoint at step 6 in {ckpts} failed ("), err
+  assert len(err.strip().splitlines()) == 1
+
+
+def test_resume_under_other_data_or_recipe_state_is_named_and_nothing_is_moved(tmp_path, corpus):
+  assert _cli(tmp_path, "steps=2", run="x").returncode == 0  # synthetic data, checkpoint 2
+  ckpts = tmp_path / "x" / "checkpoints"
+  proc = _cli(tmp_path, "steps=4", *grain_overrides(corpus), run="x")
+  assert proc.returncode == 2 and "can't continue under this config: it was written reading other data " \
+      "(dataset_type: 'synthetic' -> 'grain'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+  proc = _cli(tmp_path, "steps=4", "quantization=te_fp8_delayedscaling", "amax_history_len=4", run="x")
+  assert proc.returncode == 2 and "FP8 delayed scaling's amax histories" in proc.stderr, proc.stderr
+  assert sorted(p.name for p in ckpts.iterdir()) == ["2"]  # good checkpoints stay where they are
+  # load_full_state_path on a copy not named by its step: the step comes from the checkpoint itself.
+  shutil.copytree(ckpts / "2", tmp_path / "best")
+  proc = _cli(tmp_path, "steps=3", f"load_full_state_path={tmp_path / 'best'}", "enable_checkpointing=false",
+              run="y")
+  assert proc.returncode == 0 and f"loaded the full state from {tmp_path / 'best'} (step 2)" in proc.stdout
+  assert "completed step: 2," in proc.stdout and "completed step: 1," not in proc.stdout

@@ -1,5 +1,6 @@
 """Config loading: inheritance, coercion, every error path (one line, exit 2), base.yml in sync."""
 
+import os
 import subprocess
 import sys
 
@@ -47,17 +48,96 @@ def test_llama_configs_have_the_published_shapes():
     ("steps=0", "steps=0 must be > 0"),
     ("base_num_kv_heads=3", "must be a multiple of base_num_kv_heads=3"),
     ("novalue", "expected key=value, got 'novalue'"),
-    ("amax_history_len=0", "amax_history_len=0 must be >= 1"),
+    ("amax_history_len=0", "amax_history_len=0 must be > 0"),
     ("ici_fsdp_parallelism=x", "ici_fsdp_parallelism"),
     ("steps=1e400", "steps='1e400' is not a valid int"),
     ("seed=99999999999999999999", "seed='99999999999999999999' is out of range (a 64-bit integer)"),
+    ("seed=-1", "seed=-1 must be in [0, 4294967295]"),
+    ("seed=4294967296", "seed=4294967296 must be at most 4294967295"),
+    ("steps=2147483648", "steps=2147483648 must be at most 2147483647"),
+    ("adam_b1=1", "adam_b1=1.0 must be in [0, 1)"),
+    ("adam_b2=-0.1", "adam_b2=-0.1 must be in [0, 1)"),
+    ("adam_eps=0", "adam_eps=0.0 must be > 0"),
+    ("learning_rate=inf", "learning_rate=inf must be a finite number"),
+    ("learning_rate=nan", "learning_rate=nan must be a finite number"),
+    ("learning_rate=-1e-3", "learning_rate=-0.001 must be >= 0"),
+    ("adam_weight_decay=-0.1", "adam_weight_decay=-0.1 must be >= 0"),
+    ("gradient_clipping_threshold=-inf", "gradient_clipping_threshold=-inf must be a finite number"),
+    ("cosine_learning_rate_final_fraction=1.5", "cosine_learning_rate_final_fraction=1.5 must be in [0, 1]"),
+    ("per_device_batch_size=0", "per_device_batch_size=0.0 must be > 0"),
+    ("normalization_layer_epsilon=0", "normalization_layer_epsilon=0.0 must be > 0"),
+    ("hardware_memory_gib=nan", "hardware_memory_gib=nan must be a finite number"),
+    ("grain_worker_count=100000", "grain_worker_count=100000 must be in [0, 1024]"),
+    ("warmup_steps=-2", "warmup_steps=-2 must be >= -1"),
+    ("ici_fsdp_parallelism=0", "ici_fsdp_parallelism=0 must be -1 (the remaining devices) or >= 1"),
+    ("rope_type=llama3.1", "rope_high_freq_factor=4.0 must be > rope_low_freq_factor="),
+    ("base_output_directory=$MAXTEXT_TEST_UNSET/runs", "the environment variable MAXTEXT_TEST_UNSET is not set"),
     ("run_name=../../x", "run_name='../../x' must be a plain directory name"),
     ("run_name=..", "run_name='..' must be a plain directory name"),
 ])
 def test_override_errors(override, message):
+  extra = ["rope_low_freq_factor=4"] if override == "rope_type=llama3.1" else []
   with pytest.raises(config.ConfigError) as e:
-    config.load(BASE, [override])
+    config.load(BASE, [override, *extra])
   assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_default_is_in_its_range():
+  """RANGES can't be wrong about a value the schema itself uses; unlisted numeric keys get the int32 / finite bound."""
+  for name, key in config.SCHEMA.items():
+    if key.type in (int, float):
+      config._check_number(name, key.default, "SCHEMA")  # pylint: disable=protected-access
+  assert not set(config.RANGES) - set(config.SCHEMA), "RANGES names a key the schema lacks"
+
+
+def test_yaml_infinity_is_refused_with_the_file(tmp_path):
+  path = tmp_path / "lr.yml"
+  path.write_text(f"base_config: {BASE}\nlearning_rate: .inf\n")
+  with pytest.raises(config.ConfigError, match=rf"^{path}: learning_rate=inf must be a finite number$"):
+    config.load(path)
+
+
+def test_paths_expand_home_and_variables_when_loaded(tmp_path, monkeypatch):
+  monkeypatch.setenv("HOME", str(tmp_path))
+  monkeypatch.setenv("MAXTEXT_TEST_DATA", "/data/shards")
+  path = tmp_path / "paths.yml"
+  path.write_text(f"base_config: {BASE}\nbase_output_directory: ~/runs\n")
+  cfg = config.load(path, ["grain_train_files=${MAXTEXT_TEST_DATA}/train-*.array_record",
+                           "tokenizer_path=$MAXTEXT_TEST_DATA/tok.json", "load_parameters_path=~/ckpt/5"])
+  assert cfg.base_output_directory == f"{tmp_path}/runs"
+  assert cfg.grain_train_files == "/data/shards/train-*.array_record"
+  assert cfg.tokenizer_path == "/data/shards/tok.json" and cfg.load_parameters_path == f"{tmp_path}/ckpt/5"
+  assert cfg.replace(dataset_path="~/tfds").dataset_path == f"{tmp_path}/tfds"
+  assert config.load("~/paths.yml").base_output_directory == f"{tmp_path}/runs"  # the config path itself too
+
+
+@pytest.mark.parametrize("nodes, gpus, message", [
+    (20, 4, "--nodes 20: the config's dcn_data_parallelism=-1, dcn_fsdp_parallelism=32 needs a multiple of 32 node(s)"),
+    (32, 8, "--gpus-per-node 8: the config's ici_fsdp_parallelism=4 needs exactly 4 GPU(s) per node"),
+])
+def test_check_job_fits_the_mesh_to_nodes_and_gpus(nodes, gpus, message):
+  cfg = config.load(REPO / "configs" / "gb300" / "llama3.1_405b_nvfp4.yml", ["dcn_data_parallelism=-1"])
+  config.check_job(cfg, 64, 4)  # 2 data-parallel replicas of the 32-node FSDP group
+  with pytest.raises(config.ConfigError) as e:
+    config.check_job(cfg, nodes, gpus)
+  assert str(e.value).startswith(message)
+  with pytest.raises(config.ConfigError, match="needs exactly 32 node"):
+    config.check_job(cfg.replace(dcn_data_parallelism=1), 64, 4)
+
+
+def test_check_cli_needs_pyyaml_but_not_jax(tmp_path):
+  """submit.sh runs `python -m MaxText.config --check` on login nodes: with jax unimportable it still checks."""
+  shim = tmp_path / "jax"
+  shim.mkdir()
+  (shim / "__init__.py").write_text("raise ImportError('no jax on this machine')\n")
+  run = lambda *args: subprocess.run([sys.executable, "-m", "MaxText.config", *args], cwd=REPO, text=True,
+                                     capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+  ok = run("--check", "--nodes", "64", "--gpus-per-node", "4", "configs/gb300/llama3.1_405b_nvfp4.yml",
+           "dcn_data_parallelism=-1")
+  assert (ok.returncode, ok.stdout) == (0, "config ok\n"), ok.stderr
+  bad = run("--check", "configs/gb300/llama3.1_405b_nvfp4.yml", "quantization=te_nvfp5")
+  assert bad.returncode == 2 and bad.stderr.startswith("error: command line: quantization='te_nvfp5' is not one of")
+  assert run("--help").returncode == 0 and run("--nope").returncode == 2
 
 
 def test_file_errors(tmp_path):

@@ -6,10 +6,12 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 
+import jax
 import pytest
 
-from MaxText import config, train
+from MaxText import config, distributed, train
 from tests.conftest import REPO
 from tests.test_train import SMALL
 
@@ -54,3 +56,104 @@ def test_unreachable_coordinator_is_a_clear_error(tmp_path):
   assert proc.returncode == 2
   err = proc.stderr.strip().splitlines()[-1]
   assert err.startswith("error: could not join the coordinator 127.0.0.1:") and "within 3 s" in err
+
+
+@pytest.mark.parametrize("nnodes, rank, message", [
+    ("2", "2", "NODE_RANK=2 but NNODES=2: ranks go from 0 to 1"),
+    ("2", "-1", "NODE_RANK=-1 must be >= 0; set it to this process's rank, 0 to 1"),
+    ("2", "one", "NODE_RANK='one' is not an integer"),
+    ("0", "0", "NNODES=0 must be >= 1"),
+    ("two", "0", "NNODES='two' is not an integer"),
+])
+def test_inconsistent_nnodes_and_node_rank_are_named(monkeypatch, nnodes, rank, message):
+  monkeypatch.setenv("JAX_COORDINATOR_IP", "127.0.0.1")
+  monkeypatch.setenv("NNODES", nnodes)
+  monkeypatch.setenv("NODE_RANK", rank)
+  with pytest.raises(distributed.DistributedError) as e:
+    distributed.coordinator_from_env()
+  assert str(e.value).startswith(message)
+
+
+def _meet(port, ranks, count, timeout=3.0):
+  """Process 0 and the peers `ranks` (each claiming NNODES `count[rank]`) meet on `port`, each in a thread (the
+  peers wait 2 s longer, as if started later): {rank: None (went on) or the DistributedError's message}."""
+  results = {}
+
+  def run(rank):
+    try:
+      if rank == 0:
+        distributed.gather_peers(port, count[0], timeout)
+      else:
+        distributed.meet_coordinator(f"127.0.0.1:{port}", rank, count[rank], timeout + 2)
+      results[rank] = None
+    except distributed.DistributedError as e:
+      results[rank] = str(e)
+  threads = [threading.Thread(target=run, args=(r,)) for r in ranks]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout + 10)
+  return results
+
+
+def test_processes_meet_before_jax_and_a_wrong_one_is_named():
+  """The meeting on the coordinator's port, before jax.distributed (whose client aborts the process): every
+  process learns the job formed, or why not, within the timeout."""
+  ok = _meet(_free_port(), [0, 1, 2], {0: 3, 1: 3, 2: 3})
+  assert ok == {0: None, 1: None, 2: None}
+  missing = _meet(_free_port(), [0, 1], {0: 3, 1: 3}, timeout=1.5)
+  assert missing[0].startswith("process 0: rank(s) 2 of NNODES=3 did not come within 1.5 s")
+  assert missing[1].startswith("the coordinator 127.0.0.1:") and "stopped the job: rank(s) 2 of NNODES=3" in missing[1]
+  mismatch = _meet(_free_port(), [0, 1], {0: 2, 1: 3})
+  assert mismatch[0] == ("process 0: rank 1 was started with NNODES=3 but process 0 with NNODES=2; give every "
+                         "process the same NNODES")
+  assert "stopped the job: rank 1 was started with NNODES=3" in mismatch[1]
+
+
+def test_a_rank_given_twice_is_named():
+  port, results = _free_port(), {}
+
+  def peer(i):
+    try:
+      distributed.meet_coordinator(f"127.0.0.1:{port}", 1, 3, 3.0)
+      results[i] = None
+    except distributed.DistributedError as e:
+      results[i] = str(e)
+  peers = [threading.Thread(target=peer, args=(i,)) for i in range(2)]
+  for t in peers:
+    t.start()
+  with pytest.raises(distributed.DistributedError, match="two processes say NODE_RANK=1; give every process its own"):
+    distributed.gather_peers(port, 3, 3.0)
+  for t in peers:
+    t.join(10)
+  assert any(r and "two processes say NODE_RANK=1" in r for r in results.values()), results
+
+
+def test_a_platform_that_is_not_there_is_one_line(tmp_path):
+  cfg = config.load(REPO / "configs" / "llama3_tiny.yml", SMALL + ["hardware=gpu"])
+  if jax.devices()[0].platform != "gpu":
+    with pytest.raises(distributed.DistributedError, match="^hardware=gpu but jax sees no GPU here"):
+      distributed.check_platform(cfg)
+    assert distributed.check_platform(cfg.replace(dry_run=True))  # planning a GPU job on a laptop is fine
+  proc = subprocess.run([sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL, "steps=1",
+                         f"base_output_directory={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "JAX_PLATFORMS": "nosuchplatform"})
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+  assert proc.stderr.strip().splitlines() == [
+      line for line in proc.stderr.strip().splitlines() if line.startswith("error: jax can't start JAX_PLATFORMS="
+                                                                            "'nosuchplatform' here")]
+
+
+def test_a_stop_request_ends_the_wait_for_other_processes():
+  """SIGTERM/SIGINT while a process waits for the others (up to the timeout): it stops at once, with the reason."""
+  from MaxText import preemption  # pylint: disable=import-outside-toplevel
+  try:
+    with preemption.installed():
+      preemption.request()
+      with pytest.raises(distributed.DistributedError, match="^SIGTERM while waiting for the coordinator 127.0.0.1"):
+        distributed.meet_coordinator(f"127.0.0.1:{_free_port()}", 1, 2, 300)
+      with pytest.raises(distributed.DistributedError, match="^process 0: SIGTERM while waiting for the other"):
+        distributed.gather_peers(_free_port(), 2, 300)
+  finally:
+    with preemption.installed():  # entering resets the request for whatever runs next
+      pass

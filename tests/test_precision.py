@@ -50,16 +50,16 @@ def test_bf16_edge_layers_and_flops_share():
 def test_edge_layers_train_with_and_without_scan(tmp_path, scan):
   extra = ["quantization=te_nvfp4", "disable_stochastic_rounding=true", "quantization_bf16_last_layers=1",
            "dtype=float32", "steps=3"]
-  losses = train.train(_cfg(*extra, f"scan_layers={scan}", tmp=tmp_path))
-  ref = train.train(_cfg(*extra, f"scan_layers={not scan}", tmp=tmp_path))
+  losses = train.train(_cfg(*extra, f"scan_layers={scan}", tmp=tmp_path / "a"))
+  ref = train.train(_cfg(*extra, f"scan_layers={not scan}", tmp=tmp_path / "b"))
   np.testing.assert_allclose(losses, ref, rtol=1e-5)
 
 
 def test_stochastic_rounding_is_reproducible_from_the_seed(tmp_path):
-  run = lambda seed_extra: train.train(_cfg("quantization=te_nvfp4", "steps=3", *seed_extra, tmp=tmp_path))
-  a, b = run([]), run([])
+  run = lambda name: train.train(_cfg("quantization=te_nvfp4", "steps=3", tmp=tmp_path / name))
+  a, b = run("a"), run("b")
   assert a == b
-  bf16 = train.train(_cfg("steps=3", tmp=tmp_path))
+  bf16 = train.train(_cfg("steps=3", tmp=tmp_path / "bf16"))
   assert a[0] == pytest.approx(bf16[0], abs=0.05) and a != bf16
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from MaxText import config, sharding, train
+from MaxText import config, sharding
 from tests.conftest import REPO
 from tests.test_train import SMALL
 
@@ -32,7 +32,7 @@ def test_mesh_shape_from_ici_and_dcn_keys():
 def test_param_specs_and_block_checks():
   import jax
   from jax.sharding import PartitionSpec as P
-  from MaxText.train import abstract_model
+  from MaxText.run_setup import abstract_model
   _, params, _ = abstract_model(_cfg())
   specs = sharding.param_specs(params, {"data": 1, "fsdp": 4, "context": 1, "tensor": 2})
   flat = {sharding.param_path(p): s for p, s in jax.tree_util.tree_flatten_with_path(
@@ -63,25 +63,28 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from MaxText import config, train, sharding
 from MaxText.quantization import get_recipe, qmatmul
 small, meshes, tmp = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
-assert jax.device_count() == 8
-# The quantized numbers of a sharded GEMM (global amax over shards, blocks within shards) equal one device's.
-x = jax.random.normal(jax.random.key(0), (64, 128), jnp.float32)
-w = jax.random.normal(jax.random.key(1), (128, 96), jnp.float32) * 0.05
-recipe = get_recipe("te_nvfp4", disable_stochastic_rounding=True)
-f = jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(qmatmul(x, w, recipe) ** 2), argnums=(0, 1)))
-ref = f(x, w)
-mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("fsdp", "tensor"))
-xs = jax.device_put(x, NamedSharding(mesh, P("fsdp", None)))
-ws = jax.device_put(w, NamedSharding(mesh, P("fsdp", "tensor")))
-got = f(xs, ws)
-same = all(bool(np.array_equal(np.asarray(a), np.asarray(b))) for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)))
-out = {"gemm_identical": same}
+out = {}
+if jax.device_count() == 8:
+  # The quantized numbers of a sharded GEMM (global amax over shards, blocks within shards) equal one device's.
+  x = jax.random.normal(jax.random.key(0), (64, 128), jnp.float32)
+  w = jax.random.normal(jax.random.key(1), (128, 96), jnp.float32) * 0.05
+  recipe = get_recipe("te_nvfp4", disable_stochastic_rounding=True)
+  f = jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(qmatmul(x, w, recipe) ** 2), argnums=(0, 1)))
+  ref = f(x, w)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("fsdp", "tensor"))
+  xs = jax.device_put(x, NamedSharding(mesh, P("fsdp", None)))
+  ws = jax.device_put(w, NamedSharding(mesh, P("fsdp", "tensor")))
+  got = f(xs, ws)
+  out["gemm_identical"] = all(bool(np.array_equal(np.asarray(a), np.asarray(b)))
+                              for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)))
 for recipe_name in ("", "te_nvfp4"):
   # embed 128: fsdp 8 leaves 16 per shard, one whole NVFP4 block.
   base = ["steps=4", "dtype=float32", "disable_stochastic_rounding=true", f"quantization={recipe_name}",
           f"base_output_directory={tmp}", "per_device_batch_size=1", "base_emb_dim=128"]
   for name, keys in meshes.items():
-    out[f"{recipe_name or 'bf16'}/{name}"] = train.train(config.load("configs/llama3_tiny.yml", small + base + keys))
+    label = f"{recipe_name or 'bf16'}/{name}"
+    run = [f"run_name={label.replace('/', '_')}"]
+    out[label] = train.train(config.load("configs/llama3_tiny.yml", small + base + keys + run))
 print("RESULT" + json.dumps(out))
 """
 
@@ -90,19 +93,23 @@ def test_sharded_training_matches_one_device(tmp_path):
   _run_meshes(tmp_path, MESHES)
 
 
-def _run_meshes(tmp_path, meshes):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+def _train_on_cpu(tmp_path, meshes, devices):
+  """{recipe/mesh: losses} from SCRIPT on `devices` virtual CPU devices (CPU on a GPU machine too: like with like)."""
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(SMALL), json.dumps(meshes), str(tmp_path)],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.split("RESULT")[-1])
+  return json.loads(proc.stdout.split("RESULT")[-1])
+
+
+def _run_meshes(tmp_path, meshes):
+  out = _train_on_cpu(tmp_path, meshes, 8)
   assert out.pop("gemm_identical")
+  # One device, the same global batch of 8 sequences.
+  references = _train_on_cpu(tmp_path, {"one_device": ["per_device_batch_size=8"]}, 1)
   for recipe in ("", "te_nvfp4"):
     runs = {k.split("/")[1]: v for k, v in out.items() if k.startswith(recipe or "bf16")}
-    # One device, the same global batch of 8 sequences.
-    reference = train.train(_cfg("steps=4", "dtype=float32", "disable_stochastic_rounding=true", "base_emb_dim=128",
-                                 f"quantization={recipe}", f"base_output_directory={tmp_path}",
-                                 "per_device_batch_size=8"))
+    reference = references[f"{recipe or 'bf16'}/one_device"]
     assert len(reference) == 4 and reference[-1] < reference[0]
     # f32 compute: only the order of reductions differs between meshes. In NVFP4 such a last-bit
     # difference can move an element across a 4-bit rounding boundary, which later steps amplify

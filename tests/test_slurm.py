@@ -94,3 +94,54 @@ def test_dry_run_checks_values_and_the_config(args, message):
   proc = subprocess.run(["bash", str(SUBMIT), *base, *args], cwd=REPO, capture_output=True, text=True, env=env)
   assert proc.returncode == 2 and proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
   assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_help_is_help():
+  for script in (SUBMIT, REPO / "scripts" / "slurm" / "train.sbatch"):
+    proc = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith(("Submit a training job", "One training job"))
+    assert "set -euo" not in proc.stdout and "#" not in proc.stdout  # the header's text, no code, no comment marks
+  flags = subprocess.run([sys.executable, str(REPO / "MaxText" / "xla_flags.py"), "--help"], capture_output=True,
+                         text=True)
+  assert flags.returncode == 0 and flags.stdout.startswith("The XLA flags for NVIDIA GPUs")
+  bad = subprocess.run([sys.executable, str(REPO / "MaxText" / "xla_flags.py"), "four"], capture_output=True, text=True)
+  assert bad.returncode == 2 and bad.stderr.startswith("error: expected one argument, the job's total GPU count")
+
+
+def _shim(tmp_path, module):
+  """A PYTHONPATH entry under which `module` can't be imported: a login node without it."""
+  (tmp_path / module).mkdir()
+  (tmp_path / module / "__init__.py").write_text(f"raise ImportError('no {module} on this machine (test)')\n")
+  return {**os.environ, "PYTHONPATH": str(tmp_path),
+          "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--nodes", "20", "--model", "configs/gb300/llama3.1_405b_nvfp4.yml"],
+     "--nodes 20: the config's dcn_data_parallelism=-1, dcn_fsdp_parallelism=32 needs a multiple of 32 node(s)"),
+    (["--nodes", "32", "--model", "configs/gb300/llama3.1_405b_nvfp4.yml", "--quantization", "te_nvfp5"],
+     "quantization='te_nvfp5' is not one of"),
+    (["--nodes", "32", "--model", "configs/gb300/llama3.1_405b_nvfp4.yml", "--job-name", "runs/a b"],
+     "job name 'runs/a b' must be letters, digits"),
+    (["--nodes", "32", "--model", "configs/gb300/llama3.1_405b_nvfp4.yml", "--time", "2h"],
+     "--time '2h' is not a Slurm time limit"),
+])
+def test_job_is_checked_on_a_login_node_without_jax(tmp_path, args, message):
+  """Job name, node count against the preset's dcn product and the recipe: checked with pyyaml alone."""
+  base = ["--gpu", "gb300", "--dry-run"] + ([] if "--quantization" in args else ["--quantization", "te_nvfp4"])
+  proc = subprocess.run(["bash", str(SUBMIT), *base, *args], cwd=REPO, capture_output=True, text=True,
+                        env=_shim(tmp_path, "jax"))
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def test_without_pyyaml_the_recipe_is_still_checked(tmp_path):
+  base = ["--gpu", "gb200", "--nodes", "1", "--model", "configs/gb200/llama3_8b_nvfp4.yml", "--dry-run"]
+  env = _shim(tmp_path, "yaml")
+  bad = subprocess.run(["bash", str(SUBMIT), *base, "--quantization", "te_nvfp5"], cwd=REPO, capture_output=True,
+                       text=True, env=env)
+  assert bad.returncode == 2 and "error: --quantization te_nvfp5 is not a recipe; valid: te_nvfp4" in bad.stderr
+  ok = subprocess.run(["bash", str(SUBMIT), *base, "--quantization", "te_nvfp4"], cwd=REPO, capture_output=True,
+                      text=True, env=env)
+  assert ok.returncode == 0 and ok.stdout.startswith("# sbatch command:")
+  assert ok.stderr.startswith("warning: config and node count not checked here") and "pip install pyyaml" in ok.stderr

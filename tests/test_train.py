@@ -5,22 +5,24 @@ import re
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
-from MaxText import config, train
-from tests.conftest import REPO
+from MaxText import config, run_setup, train
+from tests.conftest import JAX_CACHE, REPO
 
 SMALL = ["base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=16", "base_mlp_dim=128",
          "base_num_decoder_layers=2", "vocab_size=128", "max_target_length=32", "per_device_batch_size=8",
-         "learning_rate=3e-3", "enable_tensorboard=false", "dataset_type=synthetic", "eval_interval=0"]
+         "learning_rate=3e-3", "enable_tensorboard=false", "dataset_type=synthetic", "eval_interval=0",
+         f"jax_cache_dir={JAX_CACHE}"]
 STEP_LINE = re.compile(r"^completed step: (\d+), seconds: [\d.]+, TFLOP/s/device: [\d.]+, "
                        r"Tokens/s/device: [\d.]+, total_weights: (\d+), loss: ([\d.]+)$")
 
 
-def _cfg(tmp_path, *extra):
+def _cfg(tmp_path, *extra, run="t"):
   return config.load(REPO / "configs" / "llama3_tiny.yml",
-                     SMALL + [f"base_output_directory={tmp_path}", "run_name=t"] + list(extra))
+                     SMALL + [f"base_output_directory={tmp_path}", f"run_name={run}"] + list(extra))
 
 
 def test_loss_falls_and_metrics_are_written(tmp_path):
@@ -31,15 +33,18 @@ def test_loss_falls_and_metrics_are_written(tmp_path):
   assert [r["step"] for r in records] == list(range(25)) and records[-1]["total_weights"] == 8 * 32
 
 
+@jax.default_matmul_precision("highest")  # f32 means f32 (a GPU's default for f32 dots is TF32)
 def test_scan_and_loop_and_remat_train_the_same(tmp_path):
   ref = train.train(_cfg(tmp_path, "steps=3", "dtype=float32", "remat_policy=none"))
-  for extra in (["scan_layers=false"], ["remat_policy=full"], ["remat_policy=minimal", "scan_layers=false"]):
-    np.testing.assert_allclose(train.train(_cfg(tmp_path, "steps=3", "dtype=float32", *extra)), ref, rtol=2e-5)
+  for i, extra in enumerate((["scan_layers=false"], ["remat_policy=full"], ["remat_policy=minimal", "scan_layers=false"])):
+    losses = train.train(_cfg(tmp_path, "steps=3", "dtype=float32", *extra, run=f"t{i}"))
+    np.testing.assert_allclose(losses, ref, rtol=2e-5)
 
 
+@jax.default_matmul_precision("highest")
 def test_gradient_accumulation_matches_the_full_batch(tmp_path):
   ref = train.train(_cfg(tmp_path, "steps=3", "dtype=float32"))
-  acc = train.train(_cfg(tmp_path, "steps=3", "dtype=float32", "gradient_accumulation_steps=4"))
+  acc = train.train(_cfg(tmp_path, "steps=3", "dtype=float32", "gradient_accumulation_steps=4", run="acc"))
   np.testing.assert_allclose(acc, ref, rtol=2e-5)
 
 
@@ -101,12 +106,12 @@ def test_setup_mistakes_fail_before_compiling(tmp_path, capsys):
 
 def test_sigterm_before_the_first_step_is_a_clean_stop(tmp_path, monkeypatch, capsys):
   import os, signal  # pylint: disable=import-outside-toplevel,multiple-imports
-  real = train._init_sharded  # pylint: disable=protected-access
+  real = run_setup.init_sharded
 
   def init_then_sigterm(*args):
     os.kill(os.getpid(), signal.SIGTERM)  # arrives while the model is being built
     return real(*args)
-  monkeypatch.setattr(train, "_init_sharded", init_then_sigterm)
+  monkeypatch.setattr(run_setup, "init_sharded", init_then_sigterm)
   assert _main(tmp_path, "run_name=early") == 0
   out = capsys.readouterr().out
   assert "SIGTERM before step 0: stopped, nothing trained" in out and "completed step" not in out
@@ -116,3 +121,46 @@ def test_high_precision_switch_past_the_end_is_not_announced(tmp_path, capsys):
   assert _main(tmp_path, "quantization=te_nvfp4", "high_precision_from_step=50", "dry_run=true") == 0
   out = capsys.readouterr().out
   assert "high_precision_from_step=50 is past the last step (steps=2)" in out and "from step 50:" not in out
+
+
+def _slow_and_poisoned(monkeypatch, nan_at=None, sleep=0.0):
+  """Wrap the real compiled steps: each also waits `sleep` s on the device, and step `nan_at` reports a NaN loss."""
+  import time  # pylint: disable=import-outside-toplevel
+  real = run_setup.StepFunctions.for_step
+
+  def slow(step_metrics, step):
+    def wait(_):
+      time.sleep(sleep)
+    jax.debug.callback(wait, step)
+    return {**step_metrics, "loss": jax.numpy.where(step == nan_at, jax.numpy.nan, step_metrics["loss"])}
+
+  def for_step(self, step):
+    plan, fn = real(self, step)
+    post = jax.jit(slow)
+
+    def wrapped(*args):
+      *state, step_metrics = fn(*args)
+      return (*state, post(step_metrics, args[-1]))
+    wrapped.lower = fn.lower
+    return plan, wrapped
+  monkeypatch.setattr(run_setup.StepFunctions, "for_step", for_step)
+
+
+def test_step_seconds_are_between_completions_under_asynchrony(tmp_path, monkeypatch):
+  """Steps are dispatched one ahead of their metrics; each step's seconds still cover that step's device time."""
+  _slow_and_poisoned(monkeypatch, sleep=0.3)
+  train.train(_cfg(tmp_path, "steps=5"))
+  records = [json.loads(l) for l in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records] == list(range(5))
+  assert min(r["seconds"] for r in records) >= 0.3  # dispatch times would be near 0 for all but a few
+
+
+def test_a_nan_under_asynchrony_names_its_step_and_no_checkpoint_holds_it(tmp_path, monkeypatch, capsys):
+  _slow_and_poisoned(monkeypatch, nan_at=4)
+  code = _main(tmp_path, "run_name=nan", "steps=9", "enable_checkpointing=true", "checkpoint_period=2")
+  err = capsys.readouterr().err
+  assert code == 2 and "error: loss is nan at step 4;" in err and "the last good checkpoint is 4" in err
+  kept = sorted(int(p.name) for p in (tmp_path / "nan" / "checkpoints").iterdir() if p.name.isdigit())
+  assert kept == [2, 4]  # 4 = steps 0-3 done: nothing of step 4 or later
+  rows = [json.loads(l)["step"] for l in (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()]
+  assert rows == [0, 1, 2, 3]

@@ -1,12 +1,18 @@
 """The train step as XLA receives it: every GEMM on tensor-core dtypes, FP8 MLP GEMMs on f8, the FLOPs formula
-checked against the HLO, and each operand quantized once per step (remat included)."""
+checked against the HLO, each operand quantized once per step (remat included), cuDNN attention without a mask
+where rows hold one document, and the tiled lm head equal to the plain one."""
+
+import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
+from flax import nnx
 from jax.extend import core as jex_core
 
 from MaxText import accounting, config, hlo_dots, optimizer, precision, train, train_step
+from MaxText.model.decoder import Transformer
 from tests.conftest import REPO
 from tests.test_train import SMALL
 
@@ -77,3 +83,93 @@ def test_each_operand_is_quantized_once_per_step(quantization, per_gemm):
   assert quantizations("none") == per_gemm * mlp_gemms
   assert quantizations("minimal_with_quantization") == per_gemm * mlp_gemms
   assert quantizations("full") > per_gemm * mlp_gemms  # the recomputed forward quantizes again
+
+
+# -- attention: no mask tensor where the rows hold one document -------------------------------------------------
+
+@pytest.fixture
+def cudnn_version_probe(monkeypatch):
+  """jax asks the installed cuDNN for its version before lowering its flash attention; this CPU machine has
+  none, so answer as cuDNN 9.8 would: the rest is jax's real lowering of the step for CUDA."""
+  from jax._src.cudnn import fused_attention_stablehlo  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(fused_attention_stablehlo, "check_cudnn_version", lambda: 90800)
+
+
+def _cudnn_calls(cfg):
+  """[(custom-call target, operand count)] of the cuDNN attention calls in the step lowered for CUDA, and its text."""
+  step, args = _step_and_args(cfg)
+  text = step.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  return [(m.group(1), len(m.group(2).split(","))) for m in
+          re.finditer(r"stablehlo\.custom_call @(__cudnn\$\w+)\(([^)]*)\)", text)], text
+
+
+def test_unpacked_rows_run_cudnn_attention_causal_without_a_mask(cudnn_version_probe):
+  b, l = 8, 32  # SMALL's micro-batch and sequence
+  dense_mask = re.compile(rf"tensor<{b}x1x{l}x{l}x(bf16|i1)>")
+  for data in ([], ["dataset_type=grain", "grain_train_files=unused-*.array_record", "packing=false"]):
+    calls, text = _cudnn_calls(_cfg("attention=cudnn_flash", *data))
+    # Forward: q, k, v only; backward: q, k, v, softmax stats, dO, O. Causal inside the kernel, no bias.
+    assert sorted(set(calls)) == [("__cudnn$fmhaSoftmax", 3), ("__cudnn$fmhaSoftmaxBackward", 6)], calls
+    assert len(calls) == 2 * 2 and '\\22mask_type\\22: \\22CAUSAL\\22' in text
+    assert not dense_mask.search(text)
+  # Packed documents still mask per document: the dense [B, 1, L, L] bias the public API takes (its cost).
+  calls, text = _cudnn_calls(_cfg("attention=cudnn_flash", "dataset_type=grain", "grain_train_files=unused-*"))
+  assert sorted(set(calls)) == [("__cudnn$fmhaScaleBiasSoftmax", 4), ("__cudnn$fmhaScaleBiasSoftmaxBackward", 7)]
+  assert dense_mask.search(text)
+
+
+# -- vocabulary tiling ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("num_tiles", [4])
+def test_tiled_lm_head_runs_its_three_gemms_per_tile_on_bf16(num_tiles):
+  """The HLO counts a loop body once: the tiled step's dots are the plain step's with the lm head's three GEMMs
+  (logits, dgrad, wgrad; no recomputed forward) at 1/num_tiles of their size, all on bf16 operands."""
+  plain_cfg, tiled_cfg = _cfg(), _cfg(f"num_vocab_tiling={num_tiles}")
+  plain, tiled = _dot_flops(plain_cfg), _dot_flops(tiled_cfg)
+  flops = accounting.training_flops_per_device(plain_cfg)
+  lm_head = flops.embedding  # 3 x 2 x tokens x D x V
+  assert sum(tiled.values()) == pytest.approx(sum(plain.values()) - lm_head * (1 - 1 / num_tiles), rel=1e-9)
+  assert hlo_dots.tensor_core_share(tiled) >= 0.99, tiled
+
+
+def test_tiled_loss_gradients_and_eval_equal_the_plain_ones():
+  """The whole model in f32, with and without tiling: the same loss and gradient of every parameter; the tiled
+  eval step (no gradient) the same loss."""
+  results = {}
+  for tiles in (1, 4):
+    cfg = config.load(REPO / "configs" / "llama3_tiny.yml", SMALL + [
+        "dtype=float32", "base_num_decoder_layers=1", "remat_policy=none", f"num_vocab_tiling={tiles}"])
+    graphdef, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    plan, batch = precision.plan_from_config(cfg), _batch(cfg)
+    loss = lambda p, g=graphdef, r=rest, b=batch, pl=plan: train_step.loss_terms(nnx.merge(g, p, r), b,
+                                                                                   pl.layer_ranges, None)[0]
+    results[tiles] = jax.jit(jax.value_and_grad(loss))(params)
+  eval_loss, eval_weights = train_step.make_eval_step(graphdef, plan)(params, rest, batch)
+  (value_a, grads_a), (value_b, grads_b) = results[1], results[4]
+  assert float(value_b) == pytest.approx(float(value_a), rel=1e-6)
+  assert float(eval_loss) == pytest.approx(float(value_a), rel=1e-6)
+  assert float(eval_weights) == float(batch["weights"].sum()) == 8 * 27
+  for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _batch(cfg):
+  b, l = int(cfg.per_device_batch_size), cfg.max_target_length
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, cfg.vocab_size, (b, l + 1)).astype(np.int32)
+  weights = np.ones((b, l), np.float32)
+  weights[:, -5:] = 0.0  # padding
+  return {"inputs": jnp.asarray(tokens[:, :-1]), "targets": jnp.asarray(tokens[:, 1:]),
+          "positions": jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l)),
+          "segment_ids": jnp.ones((b, l), jnp.int32), "weights": jnp.asarray(weights)}
+
+
+@pytest.mark.parametrize("policy, forwards_per_layer", [("minimal_with_context_and_quantization", 1),
+                                                         ("minimal_with_context", 1), ("minimal_with_quantization", 2)])
+def test_context_policies_keep_cudnn_attention_residuals(cudnn_version_probe, policy, forwards_per_layer):
+  """With '_with_context' the backward reads the forward kernel's saved output and softmax statistics; without,
+  remat runs the forward kernel again in the backward (MaxText's behaviour for these policies)."""
+  calls, _ = _cudnn_calls(_cfg("attention=cudnn_flash", f"remat_policy={policy}"))
+  layers = 2
+  assert [c for c, _ in calls].count("__cudnn$fmhaSoftmax") == forwards_per_layer * layers
+  assert [c for c, _ in calls].count("__cudnn$fmhaSoftmaxBackward") == layers

@@ -10,10 +10,13 @@ from MaxText.data.tokenizers import TokenizerError
 def make_iterator(cfg, run_shape, process_index=0, process_count=1) -> DataIterator:
   """The training iterator for `cfg.dataset_type`: this process's rows of each global batch.
 
-  The eval source is checked here too, so a bad eval glob fails before training, not at the first eval.
+  The eval split is checked here too (its files, and that it yields tokens), so bad eval data fails
+  before training, not at the first eval.
   """
   if cfg.dataset_type != "synthetic" and cfg.eval_interval:
-    grain_pipeline.eval_source(cfg)
+    eval_iter = make_eval_iterator(cfg, run_shape, process_index, process_count)
+    if eval_iter is not None:
+      eval_iter.close()
   if cfg.dataset_type == "synthetic":
     return SyntheticIterator(cfg, run_shape.global_batch_size, seed=cfg.seed, process_index=process_index,
                              process_count=process_count)
@@ -23,7 +26,10 @@ def make_iterator(cfg, run_shape, process_index=0, process_count=1) -> DataItera
 
 
 def make_eval_iterator(cfg, run_shape, process_index=0, process_count=1):
-  """A fresh pass over the eval split (None when there is none); synthetic data evaluates on held-out seeds."""
+  """A fresh pass over the eval split (None when there is none); synthetic data evaluates on held-out seeds.
+
+  An eval split that yields no tokens (for this process) is a DataError here, never an eval loss of 0.
+  """
   if cfg.dataset_type == "synthetic":
     return SyntheticIterator(cfg, run_shape.global_batch_size, seed=cfg.seed + 1_000_003,
                              process_index=process_index, process_count=process_count)

@@ -32,3 +32,6 @@ class DataIterator(abc.ABC):
   @abc.abstractmethod
   def set_state(self, state: dict) -> None:
     ...
+
+  def close(self) -> None:
+    """Release worker processes and buffers (also done when the iterator is garbage collected)."""

@@ -1,15 +1,16 @@
-"""Real data through grain: ArrayRecord (or TFDS ArrayRecord) records -> tokens -> packed Batch, checkpointable.
+"""Real data through grain: checked records (MaxText/data/records.py) -> tokens -> packed Batch, checkpointable.
 
 Per document: [BOS] tokens [EOS], cut into pieces of at most L+1 tokens that overlap by one (every
 token is a target once), each piece an (inputs, targets) pair; pieces are packed first-fit into
 rows of L with segment ids and positions, so attention never crosses documents and padding has
-weight 0. Every process reads its own 1/process_count of the documents.
+weight 0. Every process reads its own 1/process_count of the documents (and each grain worker its
+own share of those). A split from which no training sequence can come (every document shorter than
+2 tokens) is a DataError before the first batch, never an endless read.
 """
 
-import glob
 import json
-import os
-import pathlib
+import threading
+import weakref
 
 import grain
 import grain.experimental as grain_exp
@@ -17,90 +18,33 @@ import numpy as np
 
 from MaxText.data import tokenizers
 from MaxText.data.batch import Batch, DataIterator
+from MaxText.data.records import DataError, array_record_source, reason, tfds_source
 
 PACKING_BINS = 32
 
 
-class DataError(ValueError):
-  """Missing, empty or invalid data: a user error."""
-
-
-def _array_record_source(pattern, what, record_format):
-  paths = sorted(glob.glob(pattern))
-  if not pattern or not paths:
-    raise DataError(f"{what}={pattern!r} matches no files; run scripts/prepare_data.py or fix the glob")
-  for directory in sorted({os.path.dirname(p) for p in paths}):
-    _check_record_format(directory, what, record_format)
-  for path in paths:
-    try:
-      records = len(grain.sources.ArrayRecordDataSource([path]))
-    except Exception as e:  # array_record raises RuntimeError/ValueError/OSError for damaged files
-      reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-      raise DataError(f"{what}: {path} is not a readable ArrayRecord shard ({reason}); regenerate the shards "
-                      "with scripts/prepare_data.py") from None
-    if not records:
-      raise DataError(f"{what}: {path} holds no records; remove it or regenerate the shards")
-  return grain.sources.ArrayRecordDataSource(paths)
-
-
-def _check_record_format(directory, what, record_format):
-  """prepare_data.py's metadata.json beside the shards says how they were written: it must match the config."""
-  path = os.path.join(directory or ".", "metadata.json")
-  try:
-    with open(path, encoding="utf-8") as f:
-      written = json.load(f).get("record_format")
-  except FileNotFoundError:
-    return  # shards from elsewhere: nothing to check against
-  except (OSError, ValueError, AttributeError) as e:
-    raise DataError(f"{what}: can't read {path} ({e}); fix or remove it") from None
-  if written and written != record_format:
-    raise DataError(f"{what}: the shards in {directory} hold {written} records ({path}) but "
-                    f"grain_record_format={record_format}; set grain_record_format={written}")
-
-
-def _tfds_source(cfg, split):
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  root = pathlib.Path(cfg.dataset_path) / cfg.dataset_name
-  versions = sorted(p for p in root.glob("*") if (p / "dataset_info.json").is_file()) if root.is_dir() else []
-  if not versions:
-    raise DataError(f"dataset_path={cfg.dataset_path!r}, dataset_name={cfg.dataset_name!r}: no TFDS dataset "
-                    f"(no {root}/<version>/dataset_info.json); run scripts/prepare_data.py --tfds")
-  builder = tfds.builder_from_directory(str(versions[-1]))
-  if split not in builder.info.splits:
-    raise DataError(f"{cfg.dataset_name}: no split {split!r}; it has {', '.join(builder.info.splits)}")
-  source = builder.as_data_source(split)
-  if not len(source):
-    raise DataError(f"{cfg.dataset_name} split {split!r} holds no records")
-  return source
-
-
 class _Tokenize(grain.transforms.Map):
-  """Record -> int32 token ids of one document (with BOS/EOS where the tokenizer has them)."""
+  """(record index, document) -> int32 token ids (text gets BOS/EOS where the tokenizer has them)."""
 
-  def __init__(self, cfg, tokenizer):
-    self.tokenizer, self.record_format, self.vocab_size = tokenizer, cfg.grain_record_format, cfg.vocab_size
+  def __init__(self, records, tokenizer, length, max_pieces):
+    self.records, self.tokenizer, self.length, self.max_pieces = records, tokenizer, length, max_pieces
 
-  def map(self, record):
-    if isinstance(record, dict):  # TFDS: {"text": bytes}
-      record = record["text"]
-    if self.record_format == "token_ids":
-      if len(record) % 4:
-        raise DataError(f"a record of {len(record)} bytes is not int32 token ids: are the shards text? set "
-                        "grain_record_format=text")
-      ids = np.frombuffer(record, np.int32)
-    else:
-      tok = self.tokenizer
-      text = record.decode("utf-8") if isinstance(record, bytes) else str(record)
-      ids = np.asarray(([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(text)
-                       + ([tok.eos_id] if tok.eos_id is not None else []), np.int32)
-    if ids.size and (ids.max() >= self.vocab_size or ids.min() < 0):
-      raise DataError(f"token id {int(ids.max()) if ids.max() >= self.vocab_size else int(ids.min())} is outside "
-                      f"[0, vocab_size={self.vocab_size}); set vocab_size or re-tokenize the data")
+  def map(self, element):
+    index, document = element
+    tok = self.tokenizer
+    ids = document if tok is None else np.asarray(
+        ([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(document)
+        + ([tok.eos_id] if tok.eos_id is not None else []), np.int32)
+    pieces = -(-(ids.size - 1) // self.length)
+    if pieces > self.max_pieces:
+      raise DataError(f"{self.records.where(index)} is a document of {ids.size} tokens: {pieces} sequences of "
+                      f"max_target_length={self.length}, more than grain_max_pieces_per_document={self.max_pieces}; "
+                      "raise it or split such documents")
     return ids
 
 
 class _Split(grain_exp.FlatMapTransform):
-  """One document's ids -> {inputs, targets} pieces of at most `length` tokens."""
+  """One document's ids -> {inputs, targets} pieces of at most `length` tokens (none below 2 tokens)."""
 
   def __init__(self, length, max_fan_out):
     self.length, self.max_fan_out = length, max_fan_out
@@ -111,6 +55,85 @@ class _Split(grain_exp.FlatMapTransform):
             for e in ends]
 
 
+class _Documents(grain.IterDataset):
+  """This process's documents as token ids; for training shuffled each epoch and repeated.
+
+  Under mp_prefetch each worker reads its own share of them (set_slice) and shuffles it on its own,
+  so a worker's pass over its documents is well defined: one without a training token is a
+  DataError, not an endless read.
+  """
+
+  def __init__(self, records, tokenize, *, seed, train, process_index, process_count):
+    super().__init__()
+    self._docs = grain.MapDataset.source(records)[process_index::process_count]
+    self._tokenize, self._seed, self._train, self._what = tokenize, seed, train, records.what
+    self._reader = f"process {process_index} of {process_count}" if process_count > 1 else "this process"
+
+  def set_slice(self, sl, sequential_slice=False):
+    """grain's mp_prefetch: this copy of the dataset is worker sl.start of sl.step."""
+    del sequential_slice
+    self._docs = self._docs[sl]
+    self._reader += f", grain worker {sl.start} of {sl.step}"
+
+  def check_has_tokens(self):
+    """Read documents until one makes a training sequence: the first one, unless the data can't make any."""
+    for i in range(len(self._docs)):
+      if self._tokenize.map(self._docs[i]).size >= 2:
+        return
+    raise DataError(self._no_tokens(len(self._docs)))
+
+  def _no_tokens(self, count):
+    return (f"{self._what}: none of the {count} documents {self._reader} reads has 2 or more tokens (BOS/EOS "
+            "included), so no sequence can be made from them; check grain_record_format and the tokenizer, or "
+            "regenerate the data with scripts/prepare_data.py" + (
+                "; or lower grain_worker_count" if "worker" in self._reader else ""))
+
+  def __iter__(self):
+    docs, count = self._docs, len(self._docs)
+    if not self._train:
+      return docs.map(self._tokenize).to_iter_dataset().__iter__()
+    if not count:
+      raise DataError(f"{self._what}: {self._reader} gets none of the documents; lower grain_worker_count")
+    parent = docs.shuffle(seed=self._seed).repeat().map(self._tokenize).to_iter_dataset().__iter__()
+    # 2n - 1 documents in a row always hold a whole epoch of the n, whatever the shuffles.
+    return _NotEndless(parent, limit=2 * count - 1, message=self._no_tokens(count))
+
+
+class _NotEndless(grain.DatasetIterator):
+  """The documents as they come, but `limit` of them in a row without a training sequence is a DataError."""
+
+  def __init__(self, parent, *, limit, message):
+    super().__init__(parent)
+    self._limit, self._message, self._empty = limit, message, 0
+
+  def __next__(self):
+    ids = next(self._parent)
+    self._empty = 0 if ids.size >= 2 else self._empty + 1
+    if self._empty >= self._limit:
+      raise DataError(self._message)
+    return ids
+
+  def get_state(self):
+    return self._parent.get_state()
+
+  def set_state(self, state):
+    self._parent.set_state(state)
+
+
+class _PadPiece(grain.transforms.Map):
+  """packing=false: one piece per row, right-padded to `length` (segment id 0, weight 0), laid out as packed rows."""
+
+  def __init__(self, length):
+    self.length = length
+
+  def map(self, piece):
+    n = len(piece["inputs"])
+    pad = lambda a: np.pad(np.asarray(a, np.int32), (0, self.length - n))
+    segments = pad(np.ones(n))
+    return {"inputs": pad(piece["inputs"]), "targets": pad(piece["targets"]), "inputs_positions": pad(np.arange(n)),
+            "inputs_segment_ids": segments, "targets_segment_ids": segments}
+
+
 def _to_batch(packed):
   return Batch(inputs=packed["inputs"].astype(np.int32), targets=packed["targets"].astype(np.int32),
                positions=packed["inputs_positions"].astype(np.int32),
@@ -118,44 +141,108 @@ def _to_batch(packed):
                weights=(packed["targets_segment_ids"] != 0).astype(np.float32))
 
 
-class GrainIterator(DataIterator):
-  """Packed batches of this process's slice of the global batch; `get_state` is grain's iterator state."""
+def _absl_flags_parsed():
+  """grain's worker processes read absl flags: a program that never parsed any must say so (defaults)."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
 
-  def __init__(self, cfg, source, batch_size, *, train=True, process_index=0, process_count=1):
+
+class GrainIterator(DataIterator):
+  """Packed batches of this process's slice of the global batch; `get_state` is grain's iterator state.
+
+  Training reads through `grain_worker_count` worker processes (0: in this process); eval, a fresh
+  short pass each time, always in this process.
+  """
+
+  def __init__(self, cfg, records, batch_size, *, train=True, process_index=0, process_count=1):
     tokenizer = None  # token_ids records are already tokenized; their ids are checked per record
     if cfg.grain_record_format == "text":
       tokenizer = tokenizers.load(cfg.tokenizer_type, cfg.tokenizer_path, cfg.vocab_size)
     length = cfg.max_target_length
-    ds = grain.MapDataset.source(source)[process_index::process_count]
-    if train:
-      ds = ds.shuffle(seed=cfg.seed).repeat()  # each epoch in a new order
-    ds = ds.map(_Tokenize(cfg, tokenizer)).to_iter_dataset()
-    ds = grain_exp.FlatMapIterDataset(ds, _Split(length, max_fan_out=cfg.grain_max_pieces_per_document))
-    ds = grain_exp.FirstFitPackIterDataset(ds, length_struct={"inputs": length, "targets": length},
-                                           num_packing_bins=PACKING_BINS, seed=cfg.seed, shuffle_bins=train)
+    documents = _Documents(records, _Tokenize(records, tokenizer, length, cfg.grain_max_pieces_per_document),
+                           seed=cfg.seed, train=train, process_index=process_index, process_count=process_count)
+    documents.check_has_tokens()
+    ds = grain_exp.FlatMapIterDataset(documents, _Split(length, max_fan_out=cfg.grain_max_pieces_per_document))
+    if cfg.packing:
+      ds = grain_exp.FirstFitPackIterDataset(ds, length_struct={"inputs": length, "targets": length},
+                                             num_packing_bins=PACKING_BINS, seed=cfg.seed, shuffle_bins=train)
+    else:  # one piece per row: the model then attends causally with no per-document mask
+      ds = ds.map(_PadPiece(length))
     ds = ds.batch(batch_size, drop_remainder=train).map(_to_batch)
-    if cfg.grain_worker_count > 0:
+    if train and cfg.grain_worker_count > 0:
+      _absl_flags_parsed()
       ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.grain_worker_count))
     self._iter = iter(ds)
+    self._what, self._batches = records.what, 0
+    self._from_workers = train and cfg.grain_worker_count > 0
+    # Worker processes, threads and shared memory are released by close(), when this iterator goes, or at
+    # exit; never under a next() running in another thread (a prefetch thread): closing grain's iterator
+    # there aborted the process at exit (2 runs in 27).
+    self._guard = {"lock": threading.Lock(), "closed": False}
+    self._closer = weakref.finalize(self, _close, self._iter, self._guard)
 
   def __next__(self) -> Batch:
+    with self._guard["lock"]:
+      if self._guard["closed"]:
+        raise StopIteration
+      return self._next()
+
+  def _next(self):
     try:
-      return next(self._iter)
-    except (DataError, StopIteration):
+      batch = next(self._iter)
+    except StopIteration:
+      if not self._batches:  # eval: check_has_tokens passed, so this is a bug, never a loss of 0
+        raise DataError(f"{self._what}: the split yields no batch") from None
       raise
-    except Exception as e:  # grain re-raises a worker's error wrapped; keep ours readable
-      cause = e
-      while cause is not None and not isinstance(cause, DataError):
-        cause = cause.__cause__ or cause.__context__
-      if cause is not None:
-        raise DataError(str(cause)) from e
+    except DataError:
       raise
+    except Exception as e:  # grain re-raises a thread's or worker's error wrapped; keep ours readable
+      cause = _data_error_in(e)
+      if cause is None:
+        raise
+      raise DataError(str(cause)) from None
+    self._batches += 1
+    if self._from_workers:  # copies out of the workers' shared memory, which the iterator may then reuse
+      batch = Batch(*(np.array(a) for a in batch))
+    return batch
+
+  def close(self):
+    self._closer()
 
   def get_state(self):
     return json.loads(json.dumps(self._iter.get_state(), default=_jsonable))
 
   def set_state(self, state):
-    self._iter.set_state(state)
+    try:
+      self._iter.set_state(state)
+    except DataError:
+      raise
+    except Exception as e:  # grain's KeyError/IndexError/ValueError for a state of another pipeline
+      if _data_error_in(e) is not None:
+        raise DataError(str(_data_error_in(e))) from None
+      raise DataError(f"the checkpoint's data position doesn't fit this data pipeline ({type(e).__name__} "
+                      f"{reason(e)}); resume with the data, grain_worker_count and process count it was saved "
+                      "with, or start from its parameters with load_parameters_path") from None
+
+
+def _close(iterator, guard):
+  """Closes grain's iterator once no next() is running (waiting at most 10 s for one, then grain's own exit
+  hooks are left to stop its workers)."""
+  if guard["lock"].acquire(timeout=10):
+    try:
+      if not guard["closed"]:
+        guard["closed"] = True
+        getattr(iterator, "close", lambda: None)()
+    finally:
+      guard["lock"].release()
+
+
+def _data_error_in(e):
+  """The DataError an exception wraps (as __cause__ / __context__), or None."""
+  while e is not None and not isinstance(e, DataError):
+    e = e.__cause__ or e.__context__
+  return e
 
 
 def _jsonable(value):
@@ -168,13 +255,13 @@ def _jsonable(value):
 
 def train_source(cfg):
   if cfg.dataset_type == "tfds":
-    return _tfds_source(cfg, cfg.train_split)
-  return _array_record_source(cfg.grain_train_files, "grain_train_files", cfg.grain_record_format)
+    return tfds_source(cfg, cfg.train_split, "train_split")
+  return array_record_source(cfg.grain_train_files, "grain_train_files", cfg.grain_record_format, cfg.vocab_size)
 
 
 def eval_source(cfg):
-  """The eval split's source, or None when the config names none."""
+  """The eval split's records, or None when the config names none."""
   if cfg.dataset_type == "tfds":
-    return _tfds_source(cfg, cfg.eval_split) if cfg.eval_split else None
-  return (_array_record_source(cfg.grain_eval_files, "grain_eval_files", cfg.grain_record_format)
+    return tfds_source(cfg, cfg.eval_split, "eval_split") if cfg.eval_split else None
+  return (array_record_source(cfg.grain_eval_files, "grain_eval_files", cfg.grain_record_format, cfg.vocab_size)
           if cfg.grain_eval_files else None)

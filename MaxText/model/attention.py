@@ -37,24 +37,39 @@ def apply_rope(x_BxLxHxD, positions_BxL, inv_freq):
   return out.astype(x_BxLxHxD.dtype)
 
 
-def dot_product_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL):
-  """Causal GQA attention in XLA: GEMMs on the compute dtype, scores and softmax in f32; attention never
-  crosses segments."""
+def packed_documents(cfg):
+  """Whether a row of the batch may hold several documents, so attention must be masked per document: only
+  packed grain/tfds data. Synthetic rows are one sequence; packing=false rows are one document piece,
+  right-padded, where causal attention alone is exact (real tokens never see the padding after them)."""
+  return cfg.packing and cfg.dataset_type != "synthetic"
+
+
+def dot_product_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL=None):
+  """Causal GQA attention in XLA: GEMMs on the compute dtype, scores and softmax in f32; with segment ids,
+  attention never crosses segments."""
   b, l, h, d = q_BxLxHxD.shape
   kv = k_BxSxKxD.shape[2]
   q = q_BxLxHxD.reshape(b, l, kv, h // kv, d)
   dtype = q_BxLxHxD.dtype
   scores = dots.einsum("blkgd,bskd->bkgls", q, k_BxSxKxD, jnp.float32, dtype) / math.sqrt(d)
-  causal = jnp.tril(jnp.ones((l, l), bool))
-  same_segment = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
-  mask = (causal[None] & same_segment)[:, None, None]  # [B, 1, 1, L, S]
-  probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1)
+  mask_LxS = jnp.tril(jnp.ones((l, l), bool))[None]
+  if segment_ids_BxL is not None:
+    mask_LxS = mask_LxS & (segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :])
+  probs = jax.nn.softmax(jnp.where(mask_LxS[:, None, None], scores, NEG_INF), axis=-1)
   out = dots.einsum("bkgls,bskd->blkgd", probs, v_BxSxKxD, dtype, dtype)
   return out.reshape(b, l, h, d)
 
 
-def cudnn_flash_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL):
-  """cuDNN fused attention (GPU only), causal, segments masked through the packed-sequence mask."""
+def cudnn_flash_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL=None):
+  """cuDNN fused flash attention (GPU only), causal; with segment ids, masked per segment.
+
+  Without segments the causal mask is generated inside the kernel (masked tiles are skipped, no mask in
+  memory). jax's public API takes a segment mask only as a dense bool [B, 1, L, L], which it turns into an
+  additive bf16 bias that the forward and the backward kernel both read (jax 0.10 also writes its
+  gradient, another [B, 1, L, L], in the backward): the cost packed data pays on this path.
+  """
+  if segment_ids_BxL is None:
+    return jax.nn.dot_product_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, is_causal=True, implementation="cudnn")
   same_segment = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
   return jax.nn.dot_product_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, mask=same_segment[:, None],
                                       is_causal=True, implementation="cudnn")
@@ -78,6 +93,7 @@ class Attention(nnx.Module):
     self.rope = (dh, cfg.rope_max_timescale, cfg.rope_type, cfg.rope_scaling_factor, cfg.rope_low_freq_factor,
                  cfg.rope_high_freq_factor, cfg.rope_original_max_position)
     self.kernel = ATTENTION_KERNELS[cfg.attention]
+    self.packed = packed_documents(cfg)
 
   def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, precision, key, stats_sinks=None):
     b, l, _ = x_BxLxD.shape
@@ -88,8 +104,10 @@ class Attention(nnx.Module):
     k = self.key(x_BxLxD, precision["k"], keys[1], sinks.get("k")).reshape(b, l, self.kv_heads, self.head_dim)
     v = self.value(x_BxLxD, precision["v"], keys[2], sinks.get("v")).reshape(b, l, self.kv_heads, self.head_dim)
     q, k = apply_rope(q, positions_BxL, inv_freq), apply_rope(k, positions_BxL, inv_freq)
-    ctx = checkpoint_name(self.kernel(q, k, v, segment_ids_BxL), "context").reshape(b, l, self.heads * self.head_dim)
+    segments = segment_ids_BxL if self.packed else None  # unpacked rows: causal only, no mask tensor
+    ctx = checkpoint_name(self.kernel(q, k, v, segments), "context").reshape(b, l, self.heads * self.head_dim)
     return self.out(ctx, precision["o"], keys[3], sinks.get("o"))
 
 
-__all__ = ["Attention", "GemmPrecision", "apply_rope", "dot_product_attention", "rope_frequencies"]
+__all__ = ["Attention", "GemmPrecision", "apply_rope", "cudnn_flash_attention", "dot_product_attention",
+           "packed_documents", "rope_frequencies"]

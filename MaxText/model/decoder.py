@@ -15,16 +15,31 @@ MLP_GEMMS = ("gate", "up", "down")
 GEMMS = ATTENTION_GEMMS + MLP_GEMMS
 
 ACTIVATION_AXES = ("activation_batch", "activation_length", "activation_embed")
+LOGITS_AXES = ("activation_batch", "activation_length", "activation_vocab")
 
 # MaxText's remat policies, by the names Dense, attention and the quantized matmul give their outputs.
 _PROJECTIONS = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
 _save = jax.checkpoint_policies.save_only_these_names
+# jax's cuDNN attention forward primitive (jax 0.10 and 0.11; its custom-call wrapper is ..._wrapper).
+CUDNN_ATTENTION_FORWARD = "dot_product_attention_fwd"
+
+
+def _and_cudnn_attention_residuals(names_policy):
+  """`names_policy`, and also keep what jax's cuDNN attention forward returns (the output and the softmax
+  statistics its backward kernel reads): naming the output alone leaves those residuals unnamed, and the
+  backward would run the forward kernel again (MaxText names both through its own call of the kernel)."""
+  def policy(prim, *args, **params):
+    return names_policy(prim, *args, **params) or prim.name.startswith(CUDNN_ATTENTION_FORWARD)
+  return policy
+
+
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "minimal": _save(*_PROJECTIONS),
-    "minimal_with_context": _save(*_PROJECTIONS, "context"),
+    "minimal_with_context": _and_cudnn_attention_residuals(_save(*_PROJECTIONS, "context")),
     "minimal_with_quantization": _save(*_PROJECTIONS, qdot.REMAT_NAME),
-    "minimal_with_context_and_quantization": _save(*_PROJECTIONS, "context", qdot.REMAT_NAME),
+    "minimal_with_context_and_quantization": _and_cudnn_attention_residuals(
+        _save(*_PROJECTIONS, "context", qdot.REMAT_NAME)),
 }
 
 
@@ -52,7 +67,9 @@ class DecoderLayer(nnx.Module):
 
 
 class Transformer(nnx.Module):
-  """tokens [B, L] -> logits [B, L, vocab] (f32).
+  """tokens [B, L] -> logits [B, L, vocab] (f32): `hidden` (embedding, layers, final norm) then `logits` (the lm
+  head); the training loss reads `hidden` and, with num_vocab_tiling > 1, runs the lm head in tiles
+  (model/vocab_tiling.py).
 
   Layers are created stacked (one parameter array per kind with a leading layer axis) whether
   or not they are scanned, so checkpoints don't depend on scan_layers. `layer_precisions` is a
@@ -79,6 +96,7 @@ class Transformer(nnx.Module):
     self.scan_layers = cfg.scan_layers
     self.remat_policy = cfg.remat_policy
     self.dtype = dtype
+    self.num_vocab_tiling = cfg.num_vocab_tiling
 
   def _run_layers(self, x, positions, segment_ids, layer_precisions, key, stats_sinks):
     graphdef, layer_params = nnx.split(self.layers)
@@ -105,8 +123,9 @@ class Transformer(nnx.Module):
           x, _ = body(x, (jax.tree.map(lambda a, i=i: a[i], stacked), jnp.int32(i)))
     return x
 
-  def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, layer_precisions=None, key=None,
-               stats_sinks=None):
+  def hidden(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, layer_precisions=None, key=None,
+             stats_sinks=None):
+    """tokens [B, L] -> the final norm's output [B, L, D]: what the lm head reads."""
     b, l = tokens_BxL.shape
     if positions_BxL is None:
       positions_BxL = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
@@ -116,6 +135,14 @@ class Transformer(nnx.Module):
       layer_precisions = [(0, self.num_layers, uniform_precision())]
     x = self.embed(tokens_BxL)
     x = self._run_layers(x, positions_BxL, segment_ids_BxL, layer_precisions, key, stats_sinks)
-    x = self.final_norm(sharding.constrain(x, ACTIVATION_AXES))
-    logits = dots.einsum("bld,dv->blv", x, self.lm_head[...], jnp.float32, self.dtype)
-    return sharding.constrain(logits, ("activation_batch", "activation_length", "activation_vocab"))
+    return self.final_norm(sharding.constrain(x, ACTIVATION_AXES))
+
+  def logits(self, x_BxLxD):
+    """The lm head: bf16 (compute dtype) GEMM, f32 logits [B, L, vocab]."""
+    logits = dots.einsum("bld,dv->blv", x_BxLxD, self.lm_head[...], jnp.float32, self.dtype)
+    return sharding.constrain(logits, LOGITS_AXES)
+
+  def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, layer_precisions=None, key=None,
+               stats_sinks=None):
+    return self.logits(self.hidden(tokens_BxL, positions_BxL, segment_ids_BxL, layer_precisions=layer_precisions,
+                                   key=key, stats_sinks=stats_sinks))

@@ -13,9 +13,11 @@ BF16 = get_recipe("")
 
 
 class GemmPrecision(typing.NamedTuple):
-  """How one GEMM runs: the recipe and the backend request (auto / te / emulate). Static (hashable)."""
+  """How one GEMM runs: the recipe, the backend request (auto / te / xla / emulate) and the quantizers'
+  implementation (quantization_kernels: auto / pallas / xla). Static (hashable)."""
   recipe: Recipe = BF16
   backend: str = "auto"
+  kernels: str = "auto"
 
 
 class AmaxHistory(nnx.Variable):
@@ -52,7 +54,8 @@ class Dense(nnx.Module):
 
   @staticmethod
   def dot_general(x, kernel, precision: GemmPrecision, key, stats_sink=None):
-    return qdense(x, kernel, precision.recipe, key=key, backend=precision.backend, stats_sink=stats_sink)
+    return qdense(x, kernel, precision.recipe, key=key, backend=precision.backend, stats_sink=stats_sink,
+                  kernels=precision.kernels)
 
   def __call__(self, x, precision: GemmPrecision = GemmPrecision(), key=None, stats_sink=None):
     return checkpoint_name(self._gemm(x, precision, key, stats_sink), self.remat_name)
@@ -63,7 +66,7 @@ class Dense(nnx.Module):
       if not hasattr(self, "amax_history"):
         raise ValueError(f"{precision.recipe.name} needs an amax history: build the model with amax_history_len")
       x2d = x.astype(self.dtype).reshape(-1, x.shape[-1])
-      y = delayed.qmatmul_delayed(x2d, kernel, precision.recipe, self.amax_history[...])
+      y = delayed.qmatmul_delayed(x2d, kernel, precision.recipe, self.amax_history[...], precision.kernels)
       return y.reshape(*x.shape[:-1], kernel.shape[1])
     if not precision.recipe.quantized:
       kernel, stats_sink = kernel.astype(self.dtype), None  # BF16 GEMM; quantizers read the f32 master weight

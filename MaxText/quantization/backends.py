@@ -5,14 +5,11 @@ import logging
 
 from MaxText.quantization import te_backend
 from MaxText.quantization import xla_backend
+from MaxText.quantization.errors import BackendError
 from MaxText.quantization.recipes import Recipe
 
 BACKENDS = ("auto", "te", "xla", "emulate")
 log = logging.getLogger(__name__)
-
-
-class BackendError(ValueError):
-  """A backend was asked for where it can't run the recipe: a user error (one line)."""
 
 
 @functools.lru_cache(maxsize=None)

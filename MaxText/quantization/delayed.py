@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from MaxText.quantization import emulated
+from MaxText.quantization import formats
 from MaxText.quantization import qdot
 from MaxText.quantization.recipes import Recipe
 
@@ -25,7 +26,7 @@ def init_history(recipe: Recipe):
 
 
 def _scale_from_history(history_H, recipe: Recipe, grid):
-  amax = history_H[0] if recipe.amax_compute_algo == "most_recent" else jnp.max(history_H)
+  amax = history_H[0] if recipe.amax_compute_algo == "most_recent" else formats.abs_max(history_H)
   return emulated.per_tensor_fp8_scale(amax, grid)
 
 
@@ -33,33 +34,33 @@ def _push(history_H, amax):
   return jnp.concatenate([amax[None].astype(jnp.float32), history_H[:-1]])
 
 
-def _quantize(x, recipe, role, history_3xH):
+def _quantize(x, recipe, role, history_3xH, kernels, transpose=False):
   grid = emulated.element_grid(recipe, role)
   scale = _scale_from_history(history_3xH[ROWS[role]], recipe, grid)
-  return emulated.quantize_for_gemm(x, recipe, role, scale=scale)
+  return emulated.quantize_for_gemm(x, recipe, role, scale=scale, kernels=kernels, transpose=transpose)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _qmatmul_delayed(x_MxK, w_KxN, history_3xH, recipe, w_dtype):
-  return _fwd(x_MxK, w_KxN, history_3xH, recipe, w_dtype)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _qmatmul_delayed(x_MxK, w_KxN, history_3xH, recipe, w_dtype, kernels):
+  return _fwd(x_MxK, w_KxN, history_3xH, recipe, w_dtype, kernels)[0]
 
 
-def _fwd(x_MxK, w_KxN, history_3xH, recipe, w_dtype):
+def _fwd(x_MxK, w_KxN, history_3xH, recipe, w_dtype, kernels):
   del w_dtype
-  x_op = _quantize(x_MxK, recipe, "x", history_3xH)
-  w_op = _quantize(w_KxN.T, recipe, "w", history_3xH)
+  x_op = _quantize(x_MxK, recipe, "x", history_3xH, kernels)
+  w_op = _quantize(w_KxN, recipe, "w", history_3xH, kernels, transpose=True)
   y = emulated.gemm(x_op, w_op, recipe).astype(x_MxK.dtype)
-  amax = lambda t: jnp.max(jnp.abs(t.astype(jnp.float32)))
+  amax = lambda t: formats.abs_max(t.astype(jnp.float32))
   residuals = (qdot.name_for_remat(x_op.T), qdot.name_for_remat(w_op.T), history_3xH, amax(x_MxK), amax(w_KxN))
   return y, residuals
 
 
-def _bwd(recipe, w_dtype, residuals, dy_MxN):
+def _bwd(recipe, w_dtype, kernels, residuals, dy_MxN):
   x_t_op, w_t_op, history_3xH, amax_x, amax_w = residuals
-  dy_op = _quantize(dy_MxN, recipe, "dy", history_3xH)
+  dy_op = _quantize(dy_MxN, recipe, "dy", history_3xH, kernels)
   dx = emulated.gemm(dy_op, w_t_op, recipe).astype(dy_MxN.dtype)
   dw = emulated.gemm(x_t_op, dy_op.T, recipe)
-  amax_dy = jnp.max(jnp.abs(dy_MxN.astype(jnp.float32)))
+  amax_dy = formats.abs_max(dy_MxN.astype(jnp.float32))
   new_history = jnp.stack([_push(history_3xH[0], amax_x), _push(history_3xH[1], amax_w),
                            _push(history_3xH[2], amax_dy)])
   return dx, dw.astype(dy_MxN.dtype).astype(w_dtype), new_history
@@ -68,8 +69,9 @@ def _bwd(recipe, w_dtype, residuals, dy_MxN):
 _qmatmul_delayed.defvjp(_fwd, _bwd)
 
 
-def qmatmul_delayed(x, w, recipe: Recipe, history_3xH):
-  """x [M, K] . w [K, N] in per-tensor FP8 with scales from `history_3xH`; grad of history = new history."""
+def qmatmul_delayed(x, w, recipe: Recipe, history_3xH, kernels="auto"):
+  """x [M, K] . w [K, N] in per-tensor FP8 with scales from `history_3xH`; grad of history = new history.
+  `kernels`: the quantizers' implementation, as for qmatmul."""
   if recipe.format != "fp8_delayed":
     raise ValueError(f"qmatmul_delayed needs a delayed-scaling recipe, got {recipe.name!r}")
-  return _qmatmul_delayed(x, w, history_3xH, recipe, jnp.dtype(w.dtype))
+  return _qmatmul_delayed(x, w, history_3xH, recipe, jnp.dtype(w.dtype), kernels)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from MaxText.quantization import formats
 from MaxText.quantization import nvfp4
+from MaxText.quantization import quantizer_impl
 from MaxText.quantization.recipes import Recipe
 
 MX_BLOCK = 32
@@ -59,7 +60,7 @@ def quantize_mx(x, grid) -> ScaledOperand:
     raise ValueError(f"MX formats need the contraction axis to be a multiple of {MX_BLOCK}; "
                      f"got an operand of shape {(m, k)}")
   x_blocks = x.astype(jnp.float32).reshape(m, k // MX_BLOCK, MX_BLOCK)
-  block_amax = jnp.max(jnp.abs(x_blocks), axis=-1, keepdims=True)
+  block_amax = formats.abs_max(x_blocks, axis=-1, keepdims=True)
   exponent, = formats.materialize(formats.e8m0_exponent_at_least(formats.div_rn(block_amax, grid.max_value)))
   scale = formats.exp2i(exponent)
   q = formats.round_to_grid(x_blocks * formats.exp2i(-exponent), grid).reshape(m, k)
@@ -99,16 +100,50 @@ def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
   if fmt in ("fp8_current", "fp8_delayed"):
     grid = element_grid(recipe, role)
     if scale is None:
-      scale = per_tensor_fp8_scale(jnp.max(jnp.abs(x.astype(jnp.float32))), grid)
+      scale = per_tensor_fp8_scale(formats.abs_max(x.astype(jnp.float32)), grid)
     return quantize_per_tensor_fp8(x, grid, scale)
   if fmt in ("mxfp8", "mxfp4"):
     return quantize_mx(x, element_grid(recipe, role))
   raise ValueError(f"unknown recipe format {fmt!r}")
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def quantize_for_gemm(x, recipe: Recipe, role: str, key=None, scale=None) -> GemmOperand:
-  """`quantize_operand`, in the form the GEMM reads (see GemmOperand). One call = one quantization."""
+def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, transpose, interpret):
+  """quantize_for_gemm's Pallas path (same bits), or None where the kernels don't cover the operand."""
+  # Imported here: Pallas takes ~0.7 s to import, and only the kernel path needs it.
+  from MaxText.quantization import pallas_quantize  # pylint: disable=import-outside-toplevel
+  rows, cols = x.shape[::-1] if transpose else x.shape
+  where = dict(transpose=transpose, interpret=interpret)
+  if recipe.format == "nvfp4":
+    options = nvfp4_options(recipe, role, key)
+    if not pallas_quantize.nvfp4_supported((rows, cols), tile=options["tile"],
+                                           stochastic_rounding=options["stochastic_rounding"], key=key):
+      return None
+    return GemmOperand(*pallas_quantize.nvfp4_block_scaled(x, **options, **where))
+  if x.size == 0:
+    return None
+  grid = element_grid(recipe, role)
+  if recipe.format in ("fp8_current", "fp8_delayed"):
+    if scale is None:
+      scale = per_tensor_fp8_scale(pallas_quantize.amax(x, interpret=interpret), grid)
+    return GemmOperand(pallas_quantize.fp8_per_tensor(x, grid, scale, **where), formats.div_rn(1.0, scale))
+  if recipe.format in ("mxfp8", "mxfp4") and cols % MX_BLOCK == 0:
+    return GemmOperand(pallas_quantize.mx_block_scaled(x, grid, **where), jnp.float32(1))
+  return None
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2), static_argnames=("kernels", "transpose"))
+def quantize_for_gemm(x, recipe: Recipe, role: str, key=None, scale=None, *, kernels="auto",
+                      transpose=False) -> GemmOperand:
+  """`quantize_operand` of x (x.T if `transpose`), in the form the GEMM reads (see GemmOperand). One call = one
+  quantization. `kernels` (quantizer_impl.resolve): the Pallas kernels, which read x and write the transposed
+  operand without materialising x.T, or the XLA path; both give the same bits."""
+  impl = quantizer_impl.resolve(kernels) if recipe.quantized else "xla"
+  if impl != "xla":
+    op = _quantize_with_kernels(x, recipe, role, key, scale, transpose, interpret=impl == "interpret")
+    if op is not None:
+      return op
+  if transpose:
+    x = x.T
   if recipe.format == "nvfp4":  # straight to bf16, never through the 4-bit dtype
     return GemmOperand(*nvfp4.quantize_block_scaled(x, **nvfp4_options(recipe, role, key)))
   q = quantize_operand(x, recipe, role, key, scale)

@@ -50,12 +50,21 @@ def exp2i(e):
   return f32_from_bits(jnp.where(e >= -126, normal, subnormal))
 
 
+def _leading_zeros(m):
+  """clz(m) for uint32 m < 2**24, from the exponent of m as an f32 (exact below 2**24); 32 for 0.
+
+  Not lax.clz: Triton's GPU conversion rejects math.ctlz, and the kernels share this code.
+  """
+  top_bit = exponent_field(m.astype(jnp.float32))  # floor(log2 m); -127 for 0
+  return jnp.where(m == 0, 32, 31 - top_bit)
+
+
 def _mantissa_and_exponent(bits):
   """(m, e) with |x| = m * 2**e and m in [2**23, 2**24) for finite nonzero x (subnormals normalised)."""
   field = ((bits >> 23) & 0xFF).astype(jnp.int32)
   fraction = bits & 0x7FFFFF
   m = jnp.where(field == 0, fraction, fraction | 0x800000)
-  shift = jax.lax.clz(m).astype(jnp.int32) - 8  # 0 for normals
+  shift = _leading_zeros(m) - 8  # 0 for normals
   return m << jnp.maximum(shift, 0).astype(jnp.uint32), jnp.maximum(field, 1) - 150 - shift
 
 
@@ -98,6 +107,16 @@ def div_rn(a, b):
   magnitude = jnp.where(a_inf | b_zero, _INF_BITS, jnp.where(a_zero | b_inf, 0, magnitude))
   out = jnp.where(a_nan | b_nan | (a_inf & b_inf) | (a_zero & b_zero), _NAN_BITS, sign | magnitude)
   return f32_from_bits(out)
+
+
+def abs_max(x, axis=None, keepdims=False):
+  """max |x| over `axis` (f32), NaN if any element is NaN, on every backend.
+
+  An integer max of the magnitude bits, which order like the magnitudes with NaN above inf: XLA:CPU's
+  vectorized float max reductions drop NaNs (jnp.max of a [64, 64] array holding one NaN is finite there),
+  while GPUs propagate them; a poisoned tensor must stay poisoned everywhere.
+  """
+  return f32_from_bits(jnp.max(f32_bits(x) & _ABS_MASK, axis=axis, keepdims=keepdims))
 
 
 def materialize(*arrays):

@@ -89,9 +89,9 @@ def _block_amax(x_f32, tile):
   """Per-block amax [M, N/16]; with 16x16 tiles each of a tile's 16 rows repeats the tile's amax."""
   m, n = x_f32.shape
   if tile == (1, BLOCK):
-    return jnp.max(jnp.abs(x_f32).reshape(m, n // BLOCK, BLOCK), axis=-1)
-  tiles = jnp.abs(x_f32).reshape(m // BLOCK, BLOCK, n // BLOCK, BLOCK)
-  return jnp.repeat(jnp.max(tiles, axis=(1, 3)), BLOCK, axis=0)
+    return formats.abs_max(x_f32.reshape(m, n // BLOCK, BLOCK), axis=-1)
+  tiles = x_f32.reshape(m // BLOCK, BLOCK, n // BLOCK, BLOCK)
+  return jnp.repeat(formats.abs_max(tiles, axis=(1, 3)), BLOCK, axis=0)
 
 
 def quantize(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None) -> NVFP4Tensor:
@@ -129,7 +129,7 @@ def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, out):
     x = jax.lax.optimization_barrier(hadamard16(x))
   m, n = x.shape
   x_f32 = x.astype(jnp.float32)
-  amax = jnp.max(jnp.abs(x_f32)) if x.size else jnp.float32(0)
+  amax = formats.abs_max(x_f32) if x.size else jnp.float32(0)
   s_enc = global_encode_scale(amax)
   s_dec = formats.div_rn(1.0, s_enc)
 

@@ -40,27 +40,28 @@ def _as_key(key, recipe):
   return key
 
 
-def _quantize(backend, x, recipe, role, key=None):
-  """One operand quantized for `backend`'s GEMM ('emulated' or 'xla')."""
+def _quantize(backend, kernels, x, recipe, role, key=None, transpose=False):
+  """One operand, x or x.T, quantized for `backend`'s GEMM ('emulated' or 'xla'); `kernels` picks the emulated
+  quantizers' implementation (quantizer_impl), whose kernels read x itself for a transposed operand."""
   if backend == "xla":
-    return xla_backend.quantize_for_gemm(x, recipe, role, key)
-  return emulated.quantize_for_gemm(x, recipe, role, key)
+    return xla_backend.quantize_for_gemm(x.T if transpose else x, recipe, role, key)
+  return emulated.quantize_for_gemm(x, recipe, role, key, kernels=kernels, transpose=transpose)
 
 
 def _gemm(backend, a, b_t, recipe):
   return xla_backend.gemm(a, b_t) if backend == "xla" else emulated.gemm(a, b_t, recipe)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _qmatmul_2d(x_MxK, w_KxN, key, recipe, w_dtype, backend):
-  y, _ = _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype, backend)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _qmatmul_2d(x_MxK, w_KxN, key, recipe, w_dtype, backend, kernels):
+  y, _ = _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype, backend, kernels)
   return y
 
 
-def _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype, backend):
+def _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype, backend, kernels):
   del w_dtype
-  x_op = _quantize(backend, x_MxK, recipe, "x")
-  w_op = _quantize(backend, w_KxN.T, recipe, "w")
+  x_op = _quantize(backend, kernels, x_MxK, recipe, "x")
+  w_op = _quantize(backend, kernels, w_KxN, recipe, "w", transpose=True)
   y_MxN = _gemm(backend, x_op, w_op, recipe).astype(x_MxK.dtype)
   # What the backward needs: a quantized operand where its transposed role has the same numbers
   # (named, so a remat policy can keep it instead of quantizing again), else the input itself.
@@ -69,14 +70,15 @@ def _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype, backend):
   return y_MxN, (x_res, w_res, key)
 
 
-def _qmatmul_bwd(recipe, w_dtype, backend, residuals, dy_MxN):
+def _qmatmul_bwd(recipe, w_dtype, backend, kernels, residuals, dy_MxN):
   x_res, w_res, key = residuals
   k_dgrad, k_wgrad = _split_grad_keys(key)
-  dy_op = _quantize(backend, dy_MxN, recipe, "dy", k_dgrad)
-  w_t_op = w_res if recipe.shares_transpose("w") else _quantize(backend, w_res, recipe, "w_t")
+  dy_op = _quantize(backend, kernels, dy_MxN, recipe, "dy", k_dgrad)
+  w_t_op = w_res if recipe.shares_transpose("w") else _quantize(backend, kernels, w_res, recipe, "w_t")
   dx_MxK = _gemm(backend, dy_op, w_t_op, recipe).astype(dy_MxN.dtype)
-  x_t_op = x_res if recipe.shares_transpose("x") else _quantize(backend, x_res.T, recipe, "x_t")
-  dy_t_op = dy_op.T if recipe.shares_transpose("dy") else _quantize(backend, dy_MxN.T, recipe, "dy_t", k_wgrad)
+  x_t_op = x_res if recipe.shares_transpose("x") else _quantize(backend, kernels, x_res, recipe, "x_t", transpose=True)
+  dy_t_op = (dy_op.T if recipe.shares_transpose("dy")
+             else _quantize(backend, kernels, dy_MxN, recipe, "dy_t", k_wgrad, transpose=True))
   # Rounded to the compute dtype like TE's GEMM output, then to the master weights' dtype.
   dw_KxN = _gemm(backend, x_t_op, dy_t_op, recipe).astype(dy_MxN.dtype).astype(w_dtype)
   return dx_MxK, dw_KxN, None
@@ -110,7 +112,7 @@ def _stats_probe_bwd(recipe, residuals, dy_MxN):
 _stats_probe.defvjp(_stats_probe_fwd, _stats_probe_bwd)
 
 
-def qmatmul(x, w, recipe: Recipe, *, key=None, backend="auto", stats_sink=None):
+def qmatmul(x, w, recipe: Recipe, *, key=None, backend="auto", stats_sink=None, kernels="auto"):
   """x [M, K] . w [K, N] (flax kernel layout) per `recipe`; differentiable with the recipe's backward.
 
   The result has x's dtype (bf16 in training), accumulated in f32. `key` feeds stochastic
@@ -119,6 +121,8 @@ def qmatmul(x, w, recipe: Recipe, *, key=None, backend="auto", stats_sink=None):
   else emulated), te, xla (jax.nn.scaled_matmul on our quantized operands) or emulate.
   `stats_sink`: optional zeros [len(ROLES), len(STATS)] (stats.empty_sink()); its gradient is
   each operand's quantization telemetry (stats.operand_stats); the GEMM itself is unchanged.
+  `kernels`: the emulated backend's quantizers: auto (Pallas Triton kernels on NVIDIA GPUs, else XLA), pallas,
+  xla, or interpret (the kernels in Pallas interpret mode, for tests); the same bits every way.
   """
   if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
     raise ValueError(f"qmatmul: expects x [M, K] and w [K, N], got {tuple(x.shape)} and {tuple(w.shape)}")
@@ -132,18 +136,18 @@ def qmatmul(x, w, recipe: Recipe, *, key=None, backend="auto", stats_sink=None):
   if resolved == "te":
     y = te_backend.qmatmul(x, w, recipe, key=key)
   else:
-    y = _qmatmul_jit(x, w, key, recipe, jnp.dtype(w.dtype), resolved)
+    y = _qmatmul_jit(x, w, key, recipe, jnp.dtype(w.dtype), resolved, kernels)
   if stats_sink is not None:
     y = y + _stats_probe(x, w, key, stats_sink, recipe)
   return y
 
 
 # jit at the edge: eager calls compile once per shape; inside a jitted model this just inlines.
-_qmatmul_jit = jax.jit(_qmatmul_2d, static_argnums=(3, 4, 5))
+_qmatmul_jit = jax.jit(_qmatmul_2d, static_argnums=(3, 4, 5, 6))
 
 
-def qdense(x, w, recipe: Recipe, *, key=None, backend="auto", stats_sink=None):
+def qdense(x, w, recipe: Recipe, *, key=None, backend="auto", stats_sink=None, kernels="auto"):
   """x [..., K] . w [K, N] per `recipe`: flattens leading axes into rows (the Dense-layer hook)."""
   *lead, k = x.shape
-  y = qmatmul(x.reshape(-1, k), w, recipe, key=key, backend=backend, stats_sink=stats_sink)
+  y = qmatmul(x.reshape(-1, k), w, recipe, key=key, backend=backend, stats_sink=stats_sink, kernels=kernels)
   return y.reshape(*lead, w.shape[1])

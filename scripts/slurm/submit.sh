@@ -11,6 +11,11 @@
 # nsys profile for the trainer's profiled steps (skip_first_n_steps_for_profiler, profiler_steps),
 # reports in OUTPUT_DIR/nsys/. --dry-run prints the exact sbatch command line and the environment the
 # job runs with, and submits nothing.
+#
+# Checked before anything is submitted, also on a login node without jax: the options, the job name
+# (it names the run directory), and, where python3 has pyyaml, the config with the trainer's own rules
+# (keys, values, recipe) and its mesh against the job (dcn_* product vs --nodes, ici_* vs 4 GPUs);
+# without pyyaml the recipe name alone.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,16 +24,38 @@ IMAGE="${MAXTEXT_IMAGE:-ghcr.io/nvidia/jax:maxtext-nvfp4}"
 PARTITION="${SLURM_PARTITION:-}" ACCOUNT="${SLURM_ACCOUNT:-}" TIME="01:00:00" JOB_NAME="" OUTPUT_DIR="${PWD}/outputs"
 GPUS_PER_NODE=4
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+REPO="$(cd "${HERE}/../.." && pwd)"
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 die() { echo "error: $*" >&2; exit 2; }
+warn() { echo "warning: $*" >&2; }
 need_value() { [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value (see --help)"; }
-# The trainer's own config check (keys, values, recipe names), where python3 has the project's dependencies.
+# The trainer's own checks (python -m MaxText.config --check needs pyyaml, not jax): exit 2 is the user's
+# mistake, anything else means this python3 can't run them.
 validate_config() {
-  local model_abs out
+  local model_abs out rc=0
+  command -v python3 >/dev/null 2>&1 || { warn "no python3 here: config, recipe and node count not checked"; return 0; }
   model_abs="$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")"
-  if out=$(cd "${HERE}/../.." && python3 -m MaxText.config --check "$model_abs" "$@" 2>&1); then return 0; fi
-  [[ "$out" == *"error: "* ]] && die "${out##*error: }"
-  echo "warning: config not checked here (python3 lacks the project's dependencies: ${out##*$'\n'})" >&2
+  out=$(cd "${REPO}" && python3 -m MaxText.config --check --nodes "$NODES" --gpus-per-node "$GPUS_PER_NODE" \
+        "$model_abs" "$@" 2>&1) || rc=$?
+  [[ $rc == 0 ]] && return 0
+  [[ $rc == 2 ]] && die "${out##*error: }"
+  warn "config and node count not checked here (python3 can't load MaxText/config.py: ${out##*$'\n'};" \
+    "pip install pyyaml)"
+  validate_recipe
+}
+# The recipe name alone, from MaxText/quantization/recipes.py (plain Python) when the config can't be loaded.
+validate_recipe() {
+  local names
+  names=$(python3 - "${REPO}/MaxText/quantization/recipes.py" 2>/dev/null <<'PY'
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("recipes_only", sys.argv[1])
+module = sys.modules["recipes_only"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+print(" ".join(module.recipe_names()))
+PY
+) || return 0
+  [[ -z "$QUANT" || " ${names} " == *" ${QUANT} "* ]] || die "--quantization ${QUANT} is not a recipe; valid: ${names}"
 }
 
 while [[ $# -gt 0 ]]; do
@@ -58,16 +85,20 @@ EXTRA=("$@")
 [[ -f "$MODEL" ]] || die "--model ${MODEL}: no such file"
 [[ -n "$QUANT" ]] || die "--quantization is required (bf16, te_fp8_currentscaling, te_nvfp4, te_nvfp4_no_rht, ...)"
 [[ "$QUANT" == bf16 ]] && QUANT=""
-validate_config "quantization=${QUANT}" "gpu_type=${GPU}" "${EXTRA[@]}"
+[[ "$TIME" =~ ^([0-9]+-)?[0-9]+(:[0-9]{1,2}){0,2}$ ]] ||
+  die "--time '${TIME}' is not a Slurm time limit (e.g. 01:00:00, 90, 2-00:00:00)"
 JOB_NAME="${JOB_NAME:-maxtext-$(basename "${MODEL%.yml}")-${QUANT:-bf16}-${NODES}n}"
+[[ "$JOB_NAME" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ && ${#JOB_NAME} -le 128 ]] || die "job name '${JOB_NAME}' must be \
+letters, digits, '.', '_' and '-' (at most 128): it names the run directory under ${OUTPUT_DIR}; set --job-name"
 RUN_NAME="${JOB_NAME}"
+validate_config "quantization=${QUANT}" "gpu_type=${GPU}" "run_name=${RUN_NAME}" "dcn_data_parallelism=-1" \
+  "${EXTRA[@]}"
 
 SBATCH=(sbatch --job-name="${JOB_NAME}" --nodes="${NODES}" --ntasks-per-node=1 --gpus-per-node="${GPUS_PER_NODE}"
         --exclusive --time="${TIME}" --output="${OUTPUT_DIR}/${RUN_NAME}/slurm-%j.out")
 [[ -n "$PARTITION" ]] && SBATCH+=(--partition="${PARTITION}")
 [[ -n "$ACCOUNT" ]] && SBATCH+=(--account="${ACCOUNT}")
 # The environment the job sees: train.sbatch derives XLA_FLAGS etc. from these.
-REPO="$(cd "${HERE}/../.." && pwd)"
 EXPORTS="ALL,MAXTEXT_IMAGE=${IMAGE},MAXTEXT_OUTPUT_DIR=${OUTPUT_DIR},MAXTEXT_GPU=${GPU},GPUS_PER_NODE=${GPUS_PER_NODE}"
 EXPORTS+=",MAXTEXT_REPO=${REPO},MAXTEXT_NSYS=${NSYS}"
 SBATCH+=(--export="${EXPORTS}" "${HERE}/train.sbatch" "${MODEL}" "quantization=${QUANT}" "gpu_type=${GPU}"

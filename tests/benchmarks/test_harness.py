@@ -1,11 +1,14 @@
-"""The benchmark harnesses on a few steps: parity's analysis, files and resume; throughput's table."""
+"""The benchmark harnesses on a few steps: parity's analysis, files and resume; throughput's table (memory
+included); the attention benchmark's CPU exit."""
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
-from benchmarks import modes, parity, throughput
+from benchmarks import attention_bench, modes, parity, throughput
+from MaxText import accounting, config
 from tests.conftest import REPO
 from tests.test_train import SMALL
 
@@ -46,7 +49,7 @@ def test_parity_harness_writes_curves_table_plot_and_resumes(tmp_path, capsys):
   assert parity.main(args) == 0
   curves = json.loads((tmp_path / "curves.json").read_text())
   assert list(curves["losses"]) == ["bf16", "te_nvfp4:disable_stochastic_rounding=true"]
-  assert all(len(v) == 4 for v in curves["losses"].values())
+  assert curves["seeds"] == [0] and all(len(v["0"]) == 4 for v in curves["losses"].values())
   assert (tmp_path / "parity.png").stat().st_size > 10_000 and "| bf16 |" in (tmp_path / "parity.md").read_text()
   capsys.readouterr()
   assert parity.main(args) == 0  # everything done: nothing retrained
@@ -70,6 +73,32 @@ def test_throughput_table(tmp_path, capsys):
   # The trace itself, for TensorBoard's profile plugin and for Perfetto.
   profile_dir = tmp_path / "runs" / "te_nvfp4" / "tensorboard" / "plugins" / "profile"
   assert list(profile_dir.glob("*/*.xplane.pb")) and list(profile_dir.glob("*/perfetto_trace.json.gz"))
+  # Peak memory per mode, from the compiled step: at least the parameters, gradients' worth and AdamW state
+  # it takes and returns (f32: 4 + 8 bytes per parameter), and below what the host has.
+  assert "| step memory (GiB) | allocator peak (GiB) |" in out and "attention TFLOP/s" in out
+  cfg = config.load(REPO / "configs" / "llama3_tiny.yml", SMALL)
+  state_bytes = accounting.param_count(cfg) * (4 + 8)
+  for row in rows:
+    memory = row["step_memory"]
+    assert row["peak_memory_bytes"] == memory["peak_bytes"] > state_bytes
+    assert memory["argument_bytes"] >= state_bytes and memory["temp_bytes"] > 0
+    assert row["peak_memory_bytes"] < 2 ** 30
+    assert row["attention_tflops"] is None  # XLA attention: its dots count as GEMMs
+  assert rows[0]["peak_memory_bytes"] != rows[1]["peak_memory_bytes"]  # te_nvfp4 keeps other residuals
+
+
+def test_attention_bench_needs_a_gpu_for_cudnn_and_times_the_xla_variants(tmp_path, capsys):
+  if jax.default_backend() == "gpu":
+    pytest.skip("measures on a GPU: run benchmarks/attention_bench.py")
+  assert attention_bench.main(["--config", str(REPO / "configs" / "bench" / "llama3_8b_4layers_seq8192.yml")]) == 0
+  assert "need an NVIDIA GPU" in capsys.readouterr().out
+  assert attention_bench.main(["--config", str(REPO / "configs" / "llama3_tiny.yml"), "--variants", "xla,layer_rope",
+                               "--iters", "2", "--json", str(tmp_path / "a.json"), *SMALL]) == 0
+  assert "| xla |" in capsys.readouterr().out
+  rows = json.loads((tmp_path / "a.json").read_text())["rows"]
+  flops = accounting.training_flops_per_device(config.load(REPO / "configs" / "llama3_tiny.yml", SMALL))
+  for row in rows:  # one layer's causal attention FLOPs over the measured time
+    assert row["tflops"] == pytest.approx(flops.attention_core / 2 / (row["ms"] / 1e3) / 1e12)
 
 
 def test_user_errors_exit_2_before_anything_trains(tmp_path, capsys):
@@ -94,3 +123,29 @@ def test_parity_never_relabels_runs_from_other_overrides(tmp_path, capsys):
   assert e.value.code == 2
   err = capsys.readouterr().err
   assert "holds a bf16 run from config" in err and "use another --out or delete" in err
+
+
+def test_step_memory_without_a_profile_compiles_the_step_here():
+  cfg = config.load(REPO / "configs" / "llama3_tiny.yml", SMALL + ["base_num_decoder_layers=1"])
+  memory = throughput.step_memory(cfg)
+  n = accounting.param_count(cfg)
+  # Takes parameters + AdamW state (4 + 8 bytes per f32 parameter) and returns them updated (donated: aliased).
+  assert memory["argument_bytes"] >= 12 * n and memory["alias_bytes"] >= 12 * n
+  assert memory["peak_bytes"] == (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
+                                  + memory["temp_bytes"]) > 12 * n
+  assert throughput.step_memory(cfg, {"memory": {"peak_bytes": 1}}) == {"peak_bytes": 1}  # the profiled step's
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "x"], "argument --steps: invalid int value: 'x' (see --help)"),
+    (["--stpes", "3"], "unrecognized arguments: --stpes (see --help)"),
+    (["--modes"], "argument --modes: expected one argument (see --help)"),
+])
+def test_argument_errors_are_the_one_line_form(capsys, argv, message):
+  """argparse's usage + error becomes the project's one line, exit 2; an unknown --option is not taken for a
+  trainer override."""
+  parser = modes.argument_parser("doc", ["bf16"], 10)
+  with pytest.raises(SystemExit) as e:
+    parser.parse_known_args(argv)
+  assert e.value.code == 2 and capsys.readouterr().err == f"error: {parser.prog}: {message}\n"
+  assert parser.parse_known_args(["--steps", "3", "seed=-1"])[1] == ["seed=-1"]  # overrides pass through

@@ -1,5 +1,6 @@
 """A small text corpus prepared into ArrayRecord shards (and a TFDS dir) for the data and checkpoint tests."""
 
+import json
 import pathlib
 
 from tests.conftest import REPO
@@ -28,9 +29,22 @@ def make_corpus(directory: pathlib.Path, *extra):
   return out
 
 
+def write_shard(path: pathlib.Path, records, record_format=None):
+  """An ArrayRecord shard of `records` (bytes), with a metadata.json beside it when `record_format` is given."""
+  from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=import-outside-toplevel
+  path.parent.mkdir(parents=True, exist_ok=True)
+  writer = ArrayRecordWriter(str(path), "group_size:1")
+  for record in records:
+    writer.write(record)
+  writer.close()
+  if record_format:
+    (path.parent / "metadata.json").write_text(json.dumps({"record_format": record_format}), encoding="utf-8")
+  return path
+
+
 def grain_overrides(corpus_dir):
   return ["dataset_type=grain", f"grain_train_files={corpus_dir}/train-*.array_record",
           f"grain_eval_files={corpus_dir}/eval-*.array_record", "tokenizer_type=byte", "vocab_size=258"]
 
 
-__all__ = ["REPO", "grain_overrides", "make_corpus"]
+__all__ = ["REPO", "grain_overrides", "make_corpus", "write_shard"]

@@ -1,13 +1,16 @@
 """grain and tfds pipelines: packing with segments, exact iterator state, process slices, clear data errors."""
 
 import json
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from MaxText import config, data, train
 from MaxText.data import tokenizers
-from tests.data.corpus import REPO, grain_overrides, make_corpus
+from tests.data.corpus import REPO, grain_overrides, make_corpus, write_shard
 from tests.test_train import SMALL
 
 
@@ -140,3 +143,110 @@ def test_prepare_data_refuses_what_it_would_corrupt(tmp_path, capsys):
   err = capsys.readouterr().err
   assert "can't fill --num-shards 64 (a shard would be empty)" in err
   assert not list((tmp_path / "out").glob("*.array_record"))
+
+
+def test_packing_false_gives_one_right_padded_piece_per_row(corpus):
+  """packing=false (MaxText's key): each row one document piece from position 0, padding after it with
+  segment id 0 and weight 0, so causal attention alone never crosses documents. Rows of 512 hold any of the
+  corpus's documents (~300 tokens) whole: every row is padded."""
+  cfg = _cfg(corpus, "packing=false", "max_target_length=512")
+  batch = next(data.make_iterator(cfg, config.RunShape.of(cfg, 1)))
+  assert batch.inputs.shape == (8, 512)
+  for row in range(8):
+    n = int((batch.segment_ids[row] > 0).sum())
+    assert 0 < n < 512 and batch.segment_ids[row].tolist() == [1] * n + [0] * (512 - n)
+    assert batch.positions[row, :n].tolist() == list(range(n))
+    assert batch.weights[row].tolist() == [1.0] * n + [0.0] * (512 - n)
+    assert np.array_equal(batch.inputs[row, 1:n], batch.targets[row, :n - 1])
+  packed = next(data.make_iterator(cfg.replace(packing=True), config.RunShape.of(cfg, 1)))
+  assert packed.segment_ids.max() > 1  # the same data packed: several documents per row
+
+
+def _ids(*docs):
+  return [np.asarray(d, "<i4").tobytes() for d in docs]
+
+
+def _ids_cfg(glob, *extra):
+  return config.load(REPO / "configs" / "llama3_tiny.yml", SMALL + [
+      "dataset_type=grain", f"grain_train_files={glob}", "grain_record_format=token_ids", "vocab_size=258", *extra])
+
+
+def test_documents_too_short_for_a_sequence_fail_before_the_first_batch(tmp_path):
+  """1-token documents make no (input, target) pair: a DataError, not an endless read of the repeated data."""
+  shard = write_shard(tmp_path / "train-0.array_record", _ids(*([t] for t in range(50))), "token_ids")
+  cfg = _ids_cfg(shard)
+  with pytest.raises(data.DataError) as e:
+    data.make_iterator(cfg, config.RunShape.of(cfg, 1))
+  assert str(e.value).startswith("grain_train_files: none of the 50 documents this process reads has 2 or more "
+                                 "tokens (BOS/EOS included), so no sequence can be made from them")
+
+
+def test_one_long_document_among_empty_ones_still_trains(tmp_path):
+  """2n - 1 documents in a row without a sequence always hold a whole epoch: the check never fires while one
+  document of the n makes sequences, however the epochs are shuffled (here ~26 epochs of 51 documents)."""
+  shard = write_shard(tmp_path / "train-0.array_record", _ids(list(range(1, 41)), *([7] for _ in range(50))),
+                      "token_ids")
+  cfg = _ids_cfg(shard)
+  iterator = data.make_iterator(cfg, config.RunShape.of(cfg, 1))
+  batches = [next(iterator) for _ in range(3)]
+  assert all(b.weights.sum() > 0 for b in batches)
+  assert set(np.concatenate([b.targets[b.weights > 0] for b in batches]).tolist()) == set(range(2, 41))
+
+
+def test_eval_split_without_tokens_is_refused_before_training(tmp_path):
+  """Never an eval loss of 0.000: an eval split whose documents make no sequence fails when the run starts."""
+  train_shard = write_shard(tmp_path / "train-0.array_record", _ids(list(range(1, 100))), "token_ids")
+  write_shard(tmp_path / "eval-0.array_record", _ids(*([7] for _ in range(5))))
+  cfg = _ids_cfg(train_shard, f"grain_eval_files={tmp_path}/eval-*.array_record", "eval_interval=1")
+  run_shape = config.RunShape.of(cfg, 1)
+  for make in (data.make_iterator, data.make_eval_iterator):
+    with pytest.raises(data.DataError, match="^grain_eval_files: none of the 5 documents this process reads has 2"):
+      make(cfg, run_shape)
+  assert data.make_eval_iterator(cfg.replace(grain_eval_files=""), run_shape) is None  # no eval split: no eval
+
+
+@pytest.mark.slow
+def test_grain_workers_read_their_own_share(corpus, tmp_path):
+  """grain_worker_count > 0: batches come from worker processes and resume exactly; a worker whose share of
+  the documents makes no sequence is a DataError naming it (raised in the worker, out of next() here)."""
+  cfg = _cfg(corpus, "grain_worker_count=2")
+  run_shape = config.RunShape.of(cfg, 1)
+  iterator = data.make_iterator(cfg, run_shape)
+  first = _batches(iterator, 3)
+  state = json.loads(json.dumps(iterator.get_state()))
+  expected = _batches(iterator, 2)
+  iterator.close()
+  again = data.make_iterator(cfg, run_shape)
+  again.set_state(state)
+  assert all(np.array_equal(a.inputs, b.inputs) for a, b in zip(expected, _batches(again, 2)))
+  again.close()
+  assert all(b.inputs.shape == (8, 32) and b.weights.sum() > 0 for b in first)
+  long_doc = list(range(1, 100))
+  shard = write_shard(tmp_path / "train-0.array_record", _ids(long_doc, [5], long_doc, [5]), "token_ids")
+  split = data.make_iterator(_ids_cfg(shard, "grain_worker_count=2"), run_shape)
+  with pytest.raises(data.DataError, match="none of the 2 documents this process, grain worker 1 of 2 reads"):
+    _batches(split, 20)
+  split.close()
+
+
+def test_sigterm_ends_a_trainer_on_data_that_makes_no_sequence(tmp_path):
+  """The trainer takes SIGTERM as a stop request; on data that can make no batch it must still end: with the
+  DataError (the data check comes before the first batch), never a read loop that outlives the signal."""
+  shard = write_shard(tmp_path / "data" / "train-0.array_record", _ids(*([t] for t in range(30))), "token_ids")
+  proc = subprocess.Popen([sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL, "dataset_type=grain",
+                           f"grain_train_files={shard}", "grain_record_format=token_ids", "vocab_size=258",
+                           f"base_output_directory={tmp_path}", "run_name=short"], cwd=REPO, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  assert proc.stdout.readline()  # the trainer has started (its signal handlers are in place by the plan)
+  proc.send_signal(signal.SIGTERM)
+  try:
+    _, err = proc.communicate(timeout=120)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    pytest.fail("train.py did not end after SIGTERM on data that can make no batch")
+  assert "Traceback" not in err, err
+  # The signal lands while the trainer runs (a stop request: the data error ends it), or after it gave up and
+  # restored the default handler (the signal ends it).
+  assert proc.returncode in (2, -signal.SIGTERM), err
+  if proc.returncode == 2:
+    assert err.strip().splitlines()[-1].startswith("error: grain_train_files: none of the 30 documents"), err

@@ -61,7 +61,8 @@ def test_forward_matches_numpy_reference(scan):
   cfg = _cfg(f"scan_layers={scan}", "remat_policy=none")
   model = Transformer(cfg, rngs=nnx.Rngs(0))
   tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.max_target_length))
-  logits = model(jnp.asarray(tokens))
+  with jax.default_matmul_precision("highest"):  # f32 means f32 (a GPU's default for f32 dots is TF32)
+    logits = model(jnp.asarray(tokens))
   assert logits.shape == (2, cfg.max_target_length, cfg.vocab_size) and logits.dtype == jnp.float32
   want = _np_reference(nnx.state(model, nnx.Param), tokens, cfg)
   np.testing.assert_allclose(np.asarray(logits), want, rtol=2e-4, atol=2e-4)

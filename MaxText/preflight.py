@@ -1,0 +1,117 @@
+"""Before anything is allocated: the devices a run is planned for, its printed summary and precision plan, the
+memory estimate against the device, and the run directory."""
+
+import datetime
+import os
+
+import jax
+import numpy as np
+
+from MaxText import accounting, precision, sharding
+from MaxText.errors import UserError
+
+
+def device_memory_gib(cfg, devices):
+  """Memory per device for the preflight: hardware_memory_gib, gpu_type, the accelerator's limit, or host RAM."""
+  if cfg.hardware_memory_gib > 0:
+    return cfg.hardware_memory_gib, "hardware_memory_gib"
+  if cfg.gpu_type:
+    return accounting.gpu_usable_gib(cfg.gpu_type), f"a {cfg.gpu_type.upper()} (90% of its HBM)"
+  local = [d for d in devices if d.process_index == jax.process_index()]
+  stats = local[0].memory_stats() if hasattr(local[0], "memory_stats") else None
+  if stats and stats.get("bytes_limit"):
+    return stats["bytes_limit"] / accounting.GIB, local[0].device_kind
+  with open("/proc/meminfo", encoding="ascii") as f:
+    info = dict(line.split(":", 1) for line in f)
+  available_kib = int(info["MemAvailable"].split()[0])
+  return available_kib / 2 ** 20 / len(local), local[0].platform  # virtual CPU devices share the host
+
+
+def planned_devices(cfg, local_count):
+  """(devices, processes) the run is planned for: num_devices, else an explicit ici x dcn product, else local."""
+  ici = [getattr(cfg, f"ici_{a}_parallelism") for a in sharding.MESH_AXES]
+  dcn = [getattr(cfg, f"dcn_{a}_parallelism") for a in sharding.MESH_AXES]
+  processes = int(np.prod(dcn)) if -1 not in dcn else 1
+  if cfg.num_devices > 0:
+    return cfg.num_devices, processes
+  if -1 not in ici + dcn:
+    return int(np.prod(ici) * np.prod(dcn)), processes
+  return local_count, processes
+
+
+def summary(cfg, run_shape, mesh_sizes):
+  """(the printed summary, the memory estimate)."""
+  flops = accounting.training_flops_per_device(cfg)
+  mem = accounting.memory_per_device(cfg, mesh_sizes, run_shape.micro_batch_size)
+  mesh_text = " x ".join(f"{a} {n}" for a, n in mesh_sizes.items())
+  lines = [
+      f"model: {cfg.model_name}",
+      f"parameters: {accounting.param_count(cfg)}",
+      f"TFLOPs per device per step: {flops.tflops:.2f}",
+      f"mesh: {mesh_text} ({run_shape.num_devices} device(s))",
+      f"memory per device: {mem.total_gib:.2f} GiB",
+      f"  parameters {mem.params / accounting.GIB:.2f} GiB ({cfg.weight_dtype}), gradients "
+      f"{mem.grads / accounting.GIB:.2f} GiB (f32), optimizer state {mem.optimizer / accounting.GIB:.2f} GiB "
+      f"(AdamW mu+nu f32), activations ~{mem.activations / accounting.GIB:.2f} GiB "
+      f"(remat_policy={cfg.remat_policy}, micro-batch {run_shape.micro_batch_size}, estimate)"
+      + (f", amax histories {mem.amax_history / accounting.GIB:.2f} GiB" if mem.amax_history else ""),
+      f"global batch: {run_shape.global_batch_size} sequences x {cfg.max_target_length} tokens "
+      f"({run_shape.tokens_per_step} tokens/step)",
+  ]
+  return "\n".join(lines), mem
+
+
+def memory_check(cfg, mem, devices):
+  """(fits, needed GiB, available GiB, of what) for the estimate against the device (or gpu_type) memory."""
+  have, what = device_memory_gib(cfg, devices)
+  return mem.total_gib <= have, mem.total_gib, have, what
+
+
+def print_plan(cfg, plan, run_shape, mesh_sizes, devices):
+  """Prints the summary and the precision plan (and, for a dry run, the memory check); returns the estimate."""
+  text, mem = summary(cfg, run_shape, mesh_sizes)
+  print(text)
+  print("precision plan:\n" + precision.format_plan(plan, cfg))
+  if 0 <= cfg.high_precision_from_step < cfg.steps:
+    print(f"from step {cfg.high_precision_from_step}: every GEMM in bf16")
+  elif cfg.high_precision_from_step >= cfg.steps:
+    print(f"high_precision_from_step={cfg.high_precision_from_step} is past the last step (steps={cfg.steps}): "
+          "every step runs the plan above")
+  if cfg.dry_run:
+    fits, need, have, what = memory_check(cfg, mem, devices)
+    print(f"memory check: {need:.1f} GiB per device {'fits' if fits else 'does NOT fit'} in {have:.1f} GiB "
+          f"({what})")
+  return mem
+
+
+def check_memory(cfg, mem, devices):
+  fits, need, have, what = memory_check(cfg, mem, devices)
+  if not fits:
+    raise UserError(
+        f"estimated memory per device {need:.1f} GiB exceeds the {have:.1f} GiB available on {what} "
+        f"({len(devices)} device(s)); use more devices, a smaller model, or lower per_device_batch_size / "
+        "max_target_length, or remat_policy=full (or set hardware_memory_gib)")
+
+
+def run_dir(cfg):
+  """base_output_directory/run_name; without a run_name a new timestamped directory (never an existing one)."""
+  if cfg.run_name:
+    return os.path.join(cfg.base_output_directory, cfg.run_name)
+  stamp = os.path.join(cfg.base_output_directory, datetime.datetime.now().strftime("run_%Y%m%d_%H%M%S"))
+  path, n = stamp, 1
+  while os.path.exists(path):
+    path, n = f"{stamp}_{n}", n + 1
+  return path
+
+
+def check_writable(out_dir):
+  """The run directory exists (created) and takes files: a clear error now, not after compiling."""
+  try:
+    os.makedirs(out_dir, exist_ok=True)
+    probe = os.path.join(out_dir, ".write_test")
+    with open(probe, "w", encoding="utf-8"):
+      pass
+    os.remove(probe)
+  except OSError as e:
+    raise UserError(f"can't write the run directory {out_dir} ({e.strerror or e}); set base_output_directory to "
+                    "a writable directory") from None

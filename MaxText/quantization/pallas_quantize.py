@@ -1,0 +1,209 @@
+"""Pallas Triton kernels for the GEMM operand quantizers (NVFP4, per-tensor FP8, MX): bits equal to the XLA path's.
+
+Each operand is read once by a per-tensor amax pass (NVFP4, FP8 current scaling; with the RHT for the
+wgrad operands, as TE's amax kernel does), and once more by the quantize pass, which writes what
+the GEMM reads (bf16 block-scaled values, or f8) and nothing else: the RHT, block amaxes, E4M3 / E8M0
+scales, rounding and the stochastic-rounding draws all stay in registers. MX needs no global amax:
+one pass. Transposed operands (x_t, dy_t, the weight) are read from the untransposed array.
+
+Same bits as `nvfp4.quantize_block_scaled`, `emulated.quantize_per_tensor_fp8` / `quantize_mx`:
+every step is the XLA path's exact arithmetic (kernel_math.py says what had to be rebuilt), and the
+stochastic-rounding uniforms are the threefry words jax.random.bits would draw (threefry.py).
+On CPU the kernels run only in Pallas interpret mode (`interpret=True`), which is how they are tested.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from MaxText.quantization import formats
+from MaxText.quantization import kernel_math as km
+from MaxText.quantization import nvfp4
+from MaxText.quantization import pallas_layout
+from MaxText.quantization import threefry
+
+NVFP4_BLOCK = nvfp4.BLOCK
+MX_BLOCK = 32
+KERNEL_PREFIX = "quantize_"  # every kernel's name starts with it (the custom calls carry it)
+_NUM_WARPS = 4
+
+
+def _call(kernel, layout, out_dtype, name, interpret, scalars=()):
+  """pallas_call of kernel(*scalar_refs, x_ref, o_ref) over layout's grid, Triton compiler params."""
+  scalar_specs = [pl.BlockSpec(s.shape, lambda i, j: (0,)) for s in scalars]
+  return pl.pallas_call(
+      kernel, out_shape=layout.out_shape(out_dtype), grid=layout.grid,
+      in_specs=[*scalar_specs, layout.in_spec()], out_specs=layout.out_spec(),
+      compiler_params=pl_triton.CompilerParams(num_warps=_NUM_WARPS, num_stages=1),
+      interpret=interpret, name=KERNEL_PREFIX + name)
+
+
+def _finish(out_3d, layout, rows, cols):
+  return out_3d.reshape(layout.rows, layout.cols)[:rows, :cols]
+
+
+# ---------------------------------------------------------------- amax
+
+
+def _amax_kernel(x_ref, o_ref, *, layout, rht):
+  x = layout.load(x_ref)
+  if rht:
+    x = km.hadamard16(x.reshape(*x.shape[:-1], -1, NVFP4_BLOCK))
+  o_ref[...] = km.amax_bits(x).reshape(1, 1, 1)
+
+
+def amax_padded(x_padded, *, transpose, rht, interpret):
+  """max |operand| (of its RHT if rht) as f32, from per-program maxima (uint32 magnitude bits) reduced by XLA."""
+  stored_rows, stored_cols = x_padded.shape
+  if rht:  # the butterfly runs along the operand's blocks: read as the quantize pass does
+    rows, cols = (stored_cols, stored_rows) if transpose else (stored_rows, stored_cols)
+    layout = pallas_layout.make_layout(rows, cols, transpose=transpose)
+  else:  # layout-free: read the stored array as it is
+    layout = pallas_layout.make_layout(stored_rows, stored_cols, transpose=False)
+  grid = layout.grid
+  partial = pl.pallas_call(
+      functools.partial(_amax_kernel, layout=layout, rht=rht),
+      out_shape=jax.ShapeDtypeStruct((1, *grid), jnp.uint32), grid=grid,
+      in_specs=[layout.in_spec()], out_specs=pl.BlockSpec((1, 1, 1), lambda i, j: (0, i, j)),
+      compiler_params=pl_triton.CompilerParams(num_warps=_NUM_WARPS, num_stages=1),
+      interpret=interpret, name=KERNEL_PREFIX + ("amax_rht" if rht else "amax"))(layout.view(x_padded))
+  return formats.f32_from_bits(jnp.max(partial))
+
+
+# ---------------------------------------------------------------- NVFP4
+
+
+def _sr_uniforms(layout, key_ref, operand_cols):
+  """formats._uniform16's draws for this tile, [2, block_rows, block_cols]: one threefry word per pair of rows."""
+  row0, col0 = layout.rows_cols_origin()
+  shape = (layout.block_rows, layout.block_cols)
+  rows = row0 + jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
+  cols = col0 + jax.lax.broadcasted_iota(jnp.uint32, shape, 1)
+  words = threefry.random_bits_word(key_ref[0], key_ref[1], rows * operand_cols + cols)
+  shift = jax.lax.broadcasted_iota(jnp.uint32, layout.tile, 0) * 16  # low half: first rows, high: second
+  return km.uniform16((words[None] >> shift) & 0xFFFF)
+
+
+def _tile_amax_bits(block_bits):
+  """16x16 tiles: every row of a tile gets the tile's max, [pair, rows, blocks] -> same shape."""
+  p, rows, blocks = block_bits.shape
+  tiles = jnp.max(block_bits.reshape(p, rows // NVFP4_BLOCK, NVFP4_BLOCK, blocks), axis=2, keepdims=True)
+  return jnp.broadcast_to(tiles, (p, rows // NVFP4_BLOCK, NVFP4_BLOCK, blocks)).reshape(p, rows, blocks)
+
+
+def _nvfp4_kernel(scales_ref, *refs, layout, tile_rows, rht, sr, operand_cols):
+  """nvfp4._quantize_jit(out="block_scaled") on one tile; scales_ref = (S_enc, 1/S_enc)."""
+  key_ref, x_ref, o_ref = refs if sr else (None, *refs)
+  x = layout.load(x_ref)
+  p, rows, cols = x.shape
+  x = x.reshape(p, rows, cols // NVFP4_BLOCK, NVFP4_BLOCK)
+  if rht:
+    x = km.hadamard16(x)
+  block_bits = km.amax_bits(x, axis=-1)
+  if tile_rows == NVFP4_BLOCK:
+    block_bits = _tile_amax_bits(block_bits)
+  s_enc, s_dec = scales_ref[0], scales_ref[1]
+  decode = km.minimum(formats.f32_from_bits(block_bits) * (s_enc * (1.0 / nvfp4.E2M1_MAX)), formats.FLT_MAX)
+  decode = km.round_to_grid(km.clip(decode, -nvfp4.E4M3_MAX, nvfp4.E4M3_MAX), formats.E4M3)
+  encode = km.minimum(formats.div_rn(1.0, decode * s_dec), formats.FLT_MAX)
+  scaled = km.clip(x * encode[..., None], -nvfp4.E2M1_MAX, nvfp4.E2M1_MAX)
+  if sr:
+    u = _sr_uniforms(layout, key_ref, operand_cols).reshape(scaled.shape)
+    values = km.stochastic_round_to_grid(scaled, formats.E2M1, u)
+  else:
+    values = km.round_to_grid(scaled, formats.E2M1)
+  o_ref[...] = (values * decode[..., None]).reshape(p, rows, cols).astype(o_ref.dtype)
+
+
+def nvfp4_supported(shape, *, tile=(1, 16), stochastic_rounding=False, key=None):
+  """Whether the kernel covers this operand: SR needs 1x16 blocks, an even row count (rows pair up on
+  threefry words) and a key whose draws threefry.py reproduces."""
+  rows, cols = shape
+  if rows * cols == 0:
+    return False
+  if not stochastic_rounding:
+    return True
+  return tile[0] == 1 and rows % 2 == 0 and threefry.reproducible(key, rows * cols // 2)
+
+
+def nvfp4_block_scaled(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, transpose=False,
+                       interpret=False):
+  """nvfp4.quantize_block_scaled(x.T if transpose else x, ...): (bf16 values * block scales [R, C], amax).
+  For operands nvfp4_supported covers."""
+  rows, cols = x.shape[::-1] if transpose else x.shape
+  if not nvfp4_supported((rows, cols), tile=tile, stochastic_rounding=stochastic_rounding, key=key):
+    raise ValueError(f"nvfp4 kernel: operand {(rows, cols)} with tile {tile}, stochastic_rounding="
+                     f"{stochastic_rounding} is not covered (see nvfp4_supported); use the XLA path")
+  if rht and cols % NVFP4_BLOCK:
+    raise ValueError(f"hadamard16: last axis of shape {(rows, cols)} must be a multiple of {NVFP4_BLOCK}")
+  tile_rows = tile[0]
+  padded = pallas_layout.pad_operand(x, transpose=transpose, row_multiple=tile_rows, col_multiple=NVFP4_BLOCK)
+  amax = amax_padded(padded, transpose=transpose, rht=rht, interpret=interpret)
+  s_enc = nvfp4.global_encode_scale(amax)
+  scalars = [jnp.stack([s_enc, formats.div_rn(1.0, s_enc)])]
+  if stochastic_rounding:
+    scalars.append(threefry.key_words(key))
+  padded_rows, padded_cols = padded.shape[::-1] if transpose else padded.shape
+  layout = pallas_layout.make_layout(padded_rows, padded_cols, transpose=transpose,
+                                     pair=2 if stochastic_rounding else 1)
+  kernel = functools.partial(_nvfp4_kernel, layout=layout, tile_rows=tile_rows, rht=rht, sr=stochastic_rounding,
+                             operand_cols=cols)
+  name = "nvfp4" + ("_16x16" if tile_rows > 1 else "") + ("_rht" if rht else "") + ("_sr" if stochastic_rounding else "")
+  out = _call(kernel, layout, jnp.bfloat16, name, interpret, scalars)(*scalars, layout.view(padded))
+  return _finish(out, layout, rows, cols), amax
+
+
+# ---------------------------------------------------------------- per-tensor FP8
+
+
+def _fp8_kernel(scale_ref, x_ref, o_ref, *, layout, grid):
+  q = km.round_to_grid(layout.load(x_ref) * scale_ref[0], grid)
+  o_ref[...] = jax.lax.bitcast_convert_type(km.fp8_bits(q, grid).astype(jnp.uint8), o_ref.dtype)
+
+
+def amax(x, *, transpose=False, interpret=False):
+  """max |x| as f32 (the per-tensor amax of x or x.T: the same number)."""
+  del transpose
+  return amax_padded(x, transpose=False, rht=False, interpret=interpret)
+
+
+def fp8_per_tensor(x, grid: formats.FloatGrid, scale, *, transpose=False, interpret=False):
+  """round_to_grid(operand * scale) stored in grid's f8 dtype, operand = x.T if transpose else x."""
+  rows, cols = x.shape[::-1] if transpose else x.shape
+  padded = pallas_layout.pad_operand(x, transpose=transpose, row_multiple=1, col_multiple=NVFP4_BLOCK)
+  padded_rows, padded_cols = padded.shape[::-1] if transpose else padded.shape
+  layout = pallas_layout.make_layout(padded_rows, padded_cols, transpose=transpose)
+  scalars = [jnp.reshape(scale, (1,)).astype(jnp.float32)]
+  kernel = functools.partial(_fp8_kernel, layout=layout, grid=grid)
+  out = _call(kernel, layout, grid.dtype, "fp8_" + grid.name, interpret, scalars)(*scalars, layout.view(padded))
+  return _finish(out, layout, rows, cols)
+
+
+# ---------------------------------------------------------------- MX
+
+
+def _mx_kernel(x_ref, o_ref, *, layout, grid):
+  x = layout.load(x_ref)
+  p, rows, cols = x.shape
+  x = x.reshape(p, rows, cols // MX_BLOCK, MX_BLOCK)
+  block_amax = formats.f32_from_bits(km.amax_bits(x, axis=-1))
+  exponent = formats.e8m0_exponent_at_least(formats.div_rn(block_amax, grid.max_value))
+  q = km.round_to_grid(x * formats.exp2i(-exponent)[..., None], grid)
+  if grid.dtype == jnp.float4_e2m1fn:
+    q = km.e2m1_storage(q)
+  o_ref[...] = (q * formats.exp2i(exponent)[..., None]).reshape(p, rows, cols).astype(o_ref.dtype)
+
+
+def mx_block_scaled(x, grid: formats.FloatGrid, *, transpose=False, interpret=False):
+  """emulated.quantize_mx(operand, grid) with the E8M0 scales folded in, in bf16; operand = x.T if transpose."""
+  rows, cols = x.shape[::-1] if transpose else x.shape
+  if cols % MX_BLOCK:
+    raise ValueError(f"MX formats need the contraction axis to be a multiple of {MX_BLOCK}; "
+                     f"got an operand of shape {(rows, cols)}")
+  layout = pallas_layout.make_layout(rows, cols, transpose=transpose)
+  kernel = functools.partial(_mx_kernel, layout=layout, grid=grid)
+  out = _call(kernel, layout, jnp.bfloat16, "mx_" + grid.name, interpret)(layout.view(x))
+  return _finish(out, layout, rows, cols)

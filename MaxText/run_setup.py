@@ -1,0 +1,241 @@
+"""Building a run: its directory (owned), mesh, sharded state (fresh, resumed or loaded), data, compiled steps,
+checkpointer and writers, gathered in one `Run` the loop reads."""
+
+import dataclasses
+import json
+import os
+import pathlib
+import typing
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from MaxText import (accounting, checkpointing, data, metrics, optimizer, precision, prefetch, profiling, run_lock,
+                     sharding, train_step)
+from MaxText.errors import UserError
+from MaxText.model.decoder import Transformer
+
+
+@dataclasses.dataclass
+class TrainState:
+  """What one step turns into the next: the step count (steps completed), parameters, the amax histories
+  (`rest`, empty unless FP8 delayed scaling) and the optimizer state."""
+  step: int
+  params: typing.Any
+  rest: typing.Any
+  opt_state: typing.Any
+
+  def checkpoint_tree(self):
+    """What a checkpoint holds: parameters, optimizer state and, with delayed scaling, the amax histories."""
+    tree = {"params": self.params, "opt_state": self.opt_state}
+    if jax.tree.leaves(self.rest):
+      tree["amax_history"] = self.rest
+    return tree
+
+
+class StepFunctions:
+  """The compiled train steps a run needs, never one per step: the plan's, the all-BF16 one from
+  high_precision_from_step, and each with telemetry every quantization_stats_period; plus the eval step."""
+
+  def __init__(self, cfg, graphdef, tx, plan, state_shardings):
+    self.cfg, self.graphdef, self.tx, self.state_shardings = cfg, graphdef, tx, state_shardings
+    self.plans = {False: plan, True: precision.plan_from_config(cfg, high_precision=True)}
+    self._compiled = {}
+    self.eval_step = train_step.make_eval_step(graphdef, plan) if cfg.eval_interval else None
+
+  def for_step(self, step):
+    """(plan, jitted step function) for `step`."""
+    cfg = self.cfg
+    high = 0 <= cfg.high_precision_from_step <= step
+    plan = self.plans[high]
+    stats = plan.quantized and cfg.quantization_stats_period > 0 and step % cfg.quantization_stats_period == 0
+    if (high, stats) not in self._compiled:
+      self._compiled[high, stats] = (plan, train_step.make_train_step(
+          self.graphdef, self.tx, plan, cfg.gradient_accumulation_steps, cfg.seed,
+          num_layers=cfg.base_num_decoder_layers if stats else 0, state_shardings=self.state_shardings))
+    return self._compiled[high, stats]
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything the loop uses; `close()` releases what was opened, in reverse."""
+  cfg: typing.Any
+  out_dir: str
+  run_shape: typing.Any
+  mesh: typing.Any
+  batch_sharding: typing.Any
+  data_iter: typing.Any
+  batches: prefetch.Prefetcher
+  steps: StepFunctions
+  state: TrainState
+  checkpointer: typing.Optional[checkpointing.Checkpointer]
+  writer: metrics.MetricsWriter
+  profiler: profiling.Profiler
+  lock: typing.Optional[run_lock.RunLock]
+  flops: typing.Any = None
+  schedule: typing.Any = None
+
+  def data_position(self, position):
+    """{process index: iterator position} of every process (each reads its own slice), gathered to all."""
+    return _gather_positions(position)
+
+  def close(self):
+    self.batches.close()
+    self.data_iter.close()
+    try:
+      self.profiler.close()
+      self.writer.close()
+      if self.checkpointer is not None:
+        self.checkpointer.close()
+    finally:
+      if self.lock is not None:
+        self.lock.release()
+
+
+def abstract_model(cfg):
+  """(graphdef, params, rest) of the model with shapes only (nothing allocated)."""
+  return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(cfg.seed))), nnx.Param, ...)
+
+
+def init_sharded(cfg, mesh):
+  """(graphdef, params, rest) created directly in their shardings (nothing materialised whole on one device)."""
+  graphdef, abstract_params, abstract_rest = abstract_model(cfg)
+  shardings = sharding.param_shardings(abstract_params, mesh)
+  replicated = jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract_rest)
+
+  def init():
+    _, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(cfg.seed)), nnx.Param, ...)
+    return params, rest
+  params, rest = jax.jit(init, out_shardings=(shardings, replicated))()
+  return graphdef, params, rest
+
+
+def global_batch(batch, batch_sharding):
+  """This process's rows of the batch -> global arrays sharded over the mesh."""
+  return {k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v)) for k, v in batch._asdict().items()}
+
+
+def _gather_positions(position):
+  if jax.process_count() == 1:
+    return {"0": position}
+  blob = np.frombuffer(json.dumps(position).encode("utf-8"), np.uint8)
+  lengths = multihost_utils.process_allgather(np.array([blob.size])).reshape(-1)
+  padded = np.zeros(int(lengths.max()), np.uint8)
+  padded[:blob.size] = blob
+  blobs = multihost_utils.process_allgather(padded)
+  return {str(i): json.loads(bytes(blobs[i][:lengths[i]]).decode("utf-8")) for i in range(len(lengths))}
+
+
+def _optimizer_count(opt_state):
+  """Updates the optimizer has applied (AdamW's count): the step of a checkpoint that doesn't say."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
+    if getattr(path[-1], "name", None) == "count":
+      return int(leaf)
+  return 0
+
+
+def _initial_state(cfg, checkpointer, template):
+  """(steps completed, state tree, data position): the run's own newest checkpoint, else a load_* path."""
+  if checkpointer is not None:
+    restored = checkpointer.restore_latest(template)
+    if restored is not None:
+      step, tree, data_state = restored
+      print(f"resuming from checkpoint {checkpointer.directory}/{step}", flush=True)
+      return step, tree, data_state
+  if cfg.load_full_state_path:
+    tree, data_state, step = checkpointing.restore_step_dir(cfg.load_full_state_path, template)
+    step = _optimizer_count(tree["opt_state"]) if step is None else step
+    print(f"loaded the full state from {cfg.load_full_state_path} (step {step})", flush=True)
+    return step, tree, data_state
+  if cfg.load_parameters_path:
+    tree, _, _ = checkpointing.restore_step_dir(cfg.load_parameters_path, template)
+    print(f"loaded parameters from {cfg.load_parameters_path}; fresh optimizer state, step 0", flush=True)
+    return 0, {**template, "params": tree["params"]}, {}
+  return 0, template, {}
+
+
+def _restore_position(data_iter, data_state, process_index, dataset_type):
+  if not data_state:
+    return
+  own = data_state.get(str(process_index))
+  if own is None:
+    raise UserError(f"the checkpoint holds data positions for processes {sorted(data_state)}, not for process "
+                    f"{process_index}; resume with the same number of processes (or load_parameters_path)")
+  try:
+    data_iter.set_state(own)
+  except Exception as e:  # a position another pipeline wrote: its keys or types don't fit this one
+    raise UserError(f"the checkpoint's data position ({json.dumps(own)[:120]}) doesn't fit this data pipeline "
+                    f"(dataset_type={dataset_type}: {e}); resume with the data settings it was "
+                    "written with, or use load_parameters_path") from None
+
+
+def _refuse_second_run(cfg, out_dir):
+  """A run directory holding another run's metrics, with nothing to resume from, is not appended to."""
+  path = pathlib.Path(out_dir) / "metrics.jsonl"
+  resumable = cfg.enable_checkpointing or cfg.load_full_state_path
+  if not resumable and path.is_file() and path.stat().st_size > 0:
+    raise UserError(f"run directory {out_dir} already holds the metrics of an earlier run ({path.name}) and "
+                    "enable_checkpointing=false leaves nothing to resume; pick another run_name (or delete the "
+                    "directory to start over)")
+
+
+def _own_directory(cfg, out_dir, process_index):
+  """The run directory's lock (process 0 holds it for the job), taken before anything is written."""
+  if process_index != 0:
+    return None
+  lock = run_lock.RunLock(out_dir).acquire()
+  try:
+    _refuse_second_run(cfg, out_dir)
+  except UserError:
+    lock.release()
+    raise
+  return lock
+
+
+def _state(cfg, mesh, checkpointer, data_iter, process_index):
+  """(graphdef, optimizer, TrainState) fresh or restored, with the data iterator moved to its position."""
+  with jax.set_mesh(mesh):
+    graphdef, params, rest = init_sharded(cfg, mesh)
+    tx = optimizer.make_optimizer(cfg)
+    template = TrainState(0, params, rest, jax.jit(tx.init)(params)).checkpoint_tree()
+  step, tree, data_state = _initial_state(cfg, checkpointer, template)
+  if step >= cfg.steps:
+    print(f"the run is at step {step} already (steps={cfg.steps}): nothing to train; raise steps to go on",
+          flush=True)
+  _restore_position(data_iter, data_state, process_index, cfg.dataset_type)
+  return graphdef, tx, TrainState(step, tree["params"], tree.get("amax_history", rest), tree["opt_state"])
+
+
+def build(cfg, plan, run_shape, devices, process_index, process_count, out_dir):
+  """The Run for `cfg`, resumed where its checkpoints (or load_* paths) say."""
+  lock = _own_directory(cfg, out_dir, process_index)
+  opened = []
+  try:
+    mesh = sharding.make_mesh(cfg, devices)
+    batch_sharding = sharding.batch_sharding(mesh)
+    data_iter = data.make_iterator(cfg, run_shape, process_index, process_count)  # before the model: bad data fails fast
+    checkpointer = None
+    if cfg.enable_checkpointing:
+      checkpointer = checkpointing.Checkpointer(os.path.join(out_dir, "checkpoints"), period=cfg.checkpoint_period,
+                                                max_to_keep=cfg.max_num_checkpoints_to_keep,
+                                                async_save=cfg.async_checkpointing, cfg=cfg)
+      opened.append(checkpointer)
+    graphdef, tx, state = _state(cfg, mesh, checkpointer, data_iter, process_index)
+    shardings = jax.tree.map(lambda a: a.sharding, (state.params, state.opt_state))
+    writer = metrics.MetricsWriter(out_dir, tensorboard=cfg.enable_tensorboard, flush_period=cfg.log_period,
+                                   enabled=process_index == 0, first_step=state.step)
+    opened.append(writer)
+    batches = prefetch.Prefetcher(data_iter, lambda b: global_batch(b, batch_sharding), cfg.data_prefetch_depth)
+    return Run(cfg, out_dir, run_shape, mesh, batch_sharding, data_iter, batches,
+               StepFunctions(cfg, graphdef, tx, plan, shardings), state, checkpointer, writer,
+               profiling.Profiler(cfg, out_dir, enabled=process_index == 0), lock,
+               flops=accounting.training_flops_per_device(cfg), schedule=optimizer.learning_rate_schedule(cfg))
+  except BaseException:
+    for thing in reversed(opened):
+      thing.close()
+    if lock is not None:
+      lock.release()
+    raise
