@@ -99,6 +99,16 @@ SCHEMA = {
     "disable_rht": Key(bool, False, "NVFP4: no Random Hadamard Transform on the wgrad operands"),
     "disable_stochastic_rounding": Key(bool, False, "NVFP4: round gradients to nearest instead of stochastically"),
     "disable_2d_quantization": Key(bool, False, "NVFP4: 1x16 blocks for weights instead of 16x16 tiles"),
+    "nvfp4_4over6": Key(str, "none", "NVFP4: Four Over Six block scaling (each block quantized with its max mapped "
+                        "to 6 and to 4, the one with the smaller error kept; global scale 6*256/amax) on the weights "
+                        "(w), activations (x), gradients (dy) or all of them (TE's name; TE's 'all' leaves gradients "
+                        "out)", ("none", "weights", "activations", "gradients", "all")),
+    "nvfp4_4over6_err_mode": Key(str, "mse", "NVFP4 Four Over Six: the block error that picks 4 or 6: mse (sum of "
+                                 "squares, the paper's) or mae (sum of magnitudes, TE's default)", ("mse", "mae")),
+    "nvfp4_backward_override": Key(str, "none", "NVFP4: quantize fprop only; dgrad and wgrad in the compute dtype "
+                                   "on the unquantized x, w, dy (high_precision) or on the forward's quantized x and "
+                                   "w, dequantized, with unquantized dy (dequantized); TE's backward_override",
+                                   ("none", "high_precision", "dequantized")),
     "amax_history_len": Key(int, 1024, "te_fp8_delayedscaling: steps of amax history per GEMM operand"),
     "amax_compute_algo": Key(str, "max", "te_fp8_delayedscaling: scale from the history's max or its most "
                              "recent amax", ("max", "most_recent")),
@@ -404,6 +414,7 @@ def _validate(c):
     raise ConfigError("dataset_type=tfds needs dataset_path and dataset_name")
   if c.amax_history_len < 1:
     raise ConfigError(f"amax_history_len={c.amax_history_len} must be >= 1")
+  _validate_nvfp4_options(c)
   if c.quantization_stats_period < 0:
     raise ConfigError(f"quantization_stats_period={c.quantization_stats_period} must be >= 0 (0 = off)")
   if c.learning_rate < 0:
@@ -429,6 +440,23 @@ def _validate(c):
     raise ConfigError(f"num_vocab_tiling={c.num_vocab_tiling} must be >= 1 and divide max_target_length="
                       f"{c.max_target_length} (the lm head runs in tiles of the sequence)")
   _validate_ranges_across_keys(c)
+
+
+NVFP4_OPTION_KEYS = ("nvfp4_4over6", "nvfp4_4over6_err_mode", "nvfp4_backward_override")
+
+
+def _validate_nvfp4_options(c):
+  """The NVFP4 options need an NVFP4 recipe, and 4/6 on gradients needs a backward that quantizes them."""
+  changed = [f"{k}={getattr(c, k)}" for k in NVFP4_OPTION_KEYS if getattr(c, k) != SCHEMA[k].default]
+  recipes = [c.quantization] + ([c.attention_quantization] if c.quantization_scope == "mlp" else [])
+  if changed and not any(r.startswith("te_nvfp4") for r in recipes):
+    raise ConfigError(f"{', '.join(changed)} applies to the NVFP4 recipes only, but quantization="
+                      f"{c.quantization!r} and attention_quantization={c.attention_quantization!r}; set quantization="
+                      "te_nvfp4 (or te_nvfp4_no_rht), or drop the option")
+  if c.nvfp4_4over6 == "gradients" and c.nvfp4_backward_override != "none":
+    raise ConfigError(f"nvfp4_4over6=gradients does nothing with nvfp4_backward_override="
+                      f"{c.nvfp4_backward_override}: the backward doesn't quantize gradients; use nvfp4_4over6=all, "
+                      "weights or activations, or nvfp4_backward_override=none")
 
 
 def _validate_ranges_across_keys(c):

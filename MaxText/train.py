@@ -193,8 +193,11 @@ def evaluate(run):
   eval_iter = data.make_eval_iterator(cfg, run.run_shape, jax.process_index(), jax.process_count())
   if eval_iter is None:
     return None
-  sums = [run.steps.eval_step(run.state.params, run.state.rest, run_setup.global_batch(batch, run.batch_sharding))
-          for _, batch in zip(range(cfg.eval_steps), eval_iter)]
+  try:
+    sums = [run.steps.eval_step(run.state.params, run.state.rest, run_setup.global_batch(batch, run.batch_sharding))
+            for _, batch in zip(range(cfg.eval_steps), eval_iter)]
+  finally:
+    eval_iter.close()
   xent, weights = (float(sum(s[i] for s in sums)) if sums else 0.0 for i in (0, 1))
   if weights <= 0:
     print(f"warning: eval after step {run.state.step - 1}: the eval split yielded no tokens; no eval loss logged",

@@ -11,6 +11,7 @@ import argparse
 import json
 import pathlib
 import platform
+import shutil
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
-from MaxText import config, train  # noqa: E402
+from MaxText import config, preemption, train  # noqa: E402
 
 # Dense BF16 tensor-core peak per GPU (TFLOP/s, no sparsity) from NVIDIA's data sheets, for MFU.
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "B200": 2250.0, "GB200": 2500.0, "B300": 2250.0, "GB300": 2500.0}
@@ -73,6 +74,7 @@ def machine():
 
 def write_json(path, machine_info, config_path, overrides, rows):
   """A harness's rows as JSON, with the machine record and the config they were measured on."""
+  pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
   pathlib.Path(path).write_text(json.dumps({"machine": machine_info, "config": config_path, "overrides": overrides,
                                             "rows": rows}, indent=1) + "\n", encoding="utf-8")
 
@@ -126,3 +128,15 @@ def train_mode(cfg):
     return train.train(cfg)
   except train.USER_ERRORS as e:
     fail(str(e))
+
+
+def train_fresh(out_dir, mode, label, cfg):
+  """Train one mode in its run directory under out_dir, cleared first (the harness's own scratch: each measurement
+  starts fresh), and return its metrics {step: record}; a SIGTERM / Ctrl-C during it ends the harness cleanly."""
+  run_dir = pathlib.Path(out_dir) / run_dir_name(mode)
+  shutil.rmtree(run_dir, ignore_errors=True)
+  train_mode(cfg)
+  if preemption.requested():
+    print(f"{preemption.signal_name()}: stopped while measuring {label}; no table (rerun to measure)", flush=True)
+    raise SystemExit(preemption.exit_code())
+  return read_metrics(run_dir)

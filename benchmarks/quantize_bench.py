@@ -8,7 +8,8 @@ wgrad operands and the weight are transposed views) on a [rows, cols] operand: b
 gradients, the f32 master weight for the 16x16 tiles. GB/s counts the bytes one read of the input and
 one write of the output take (an amax pass reads the input again, so memory speed on a quantizer with
 one shows as ~2/3 of copy bandwidth, not 100%); `copy` is a plain bf16 read + write of the same
-tensor, timed in the same run, and the last column is each quantizer's GB/s as a share of it.
+tensor, timed in the same run, and the last column is each quantizer's GB/s as a share of it. The Four Over Six
+rows (te_nvfp4 with nvfp4_4over6=all, mse) also give their time as a multiple of the same quantizer without 4/6.
 --matmul-shapes adds the emulated qmatmul fwd+bwd time as a ratio to a BF16 matmul.
 Pallas runs on NVIDIA GPUs only; on CPU this measures the XLA path.
 """
@@ -40,6 +41,9 @@ QUANTIZERS = {
     "mxfp4 (x)": ("mxfp4", "x", False, jnp.bfloat16),
     "fp8 current (x)": ("te_fp8_currentscaling", "x", False, jnp.bfloat16),
 }
+FOUR_OVER_SIX = " + 4/6"  # the NVFP4 quantizers again with Four Over Six (mse) on every operand
+FOUR_OVER_SIX_KNOBS = {"nvfp4_4over6": "all", "nvfp4_4over6_err_mode": "mse"}
+QUANTIZERS.update({name + FOUR_OVER_SIX: spec for name, spec in QUANTIZERS.items() if spec[0] == "te_nvfp4"})
 
 
 def _seconds_per_call(fn, *args, iters, inner=5):
@@ -71,13 +75,17 @@ def bench_quantizers(rows, cols, impls, iters):
           "pct_copy": 100.0}]
   for name, (recipe_name, role, transposed, dtype) in QUANTIZERS.items():
     operand = (x.T if transposed else x).astype(dtype)  # stored as the trainer stores it
-    recipe = get_recipe(recipe_name)
+    recipe = get_recipe(recipe_name, **(FOUR_OVER_SIX_KNOBS if name.endswith(FOUR_OVER_SIX) else {}))
     for impl in impls:
       fn = jax.jit(lambda a, k, recipe=recipe, role=role, transposed=transposed, impl=impl:
                    emulated.quantize_for_gemm(a, recipe, role, k, kernels=impl, transpose=transposed))
       t = _seconds_per_call(fn, operand, key, iters=iters)
       gb_s = (operand.nbytes + _nbytes(jax.eval_shape(fn, operand, key))) / t / 1e9
       out.append({"quantizer": name, "impl": impl, "ms": t * 1e3, "gb_s": gb_s, "pct_copy": 100 * gb_s / copy_gb_s})
+  plain = {(r["quantizer"], r["impl"]): r["ms"] for r in out}
+  for r in out:
+    if r["quantizer"].endswith(FOUR_OVER_SIX):
+      r["x_plain"] = r["ms"] / plain[(r["quantizer"][:-len(FOUR_OVER_SIX)], r["impl"])]
   return out
 
 
@@ -94,11 +102,12 @@ def bench_matmul(m, k, n, kernels, iters):
   kx, kw, kdy = jax.random.split(jax.random.key(0), 3)
   args = (jax.random.normal(kx, (m, k), jnp.bfloat16), jax.random.normal(kw, (k, n), jnp.float32),
           jax.random.normal(kdy, (m, n), jnp.bfloat16), jax.random.key(1))
-  t = {name: _seconds_per_call(_fwd_bwd(get_recipe(name), kernels), *args, iters=iters, inner=1)
-       for name in ("", "te_nvfp4", "te_fp8_currentscaling")}
-  return {"shape": f"{m}x{k}x{n}", "kernels": kernels, "bf16_fwd_bwd_ms": t[""] * 1e3,
-          "nvfp4_fwd_bwd_ms": t["te_nvfp4"] * 1e3, "fp8_fwd_bwd_ms": t["te_fp8_currentscaling"] * 1e3,
-          "nvfp4_over_bf16": t["te_nvfp4"] / t[""], "fp8_over_bf16": t["te_fp8_currentscaling"] / t[""]}
+  recipes = {"bf16": get_recipe(""), "nvfp4": get_recipe("te_nvfp4"),
+             "nvfp4_4over6": get_recipe("te_nvfp4", **FOUR_OVER_SIX_KNOBS), "fp8": get_recipe("te_fp8_currentscaling")}
+  t = {name: _seconds_per_call(_fwd_bwd(recipe, kernels), *args, iters=iters, inner=1)
+       for name, recipe in recipes.items()}
+  return {"shape": f"{m}x{k}x{n}", "kernels": kernels, **{f"{name}_fwd_bwd_ms": v * 1e3 for name, v in t.items()},
+          **{f"{name}_over_bf16": t[name] / t["bf16"] for name in ("nvfp4", "nvfp4_4over6", "fp8")}}
 
 
 def _parse_shapes(text, dims, parser, flag):
@@ -112,16 +121,18 @@ def _parse_shapes(text, dims, parser, flag):
 
 def _print_tables(quant_rows, matmul_rows, rows, cols):
   print(f"\n[{rows}, {cols}] operand\n")
-  print("| quantizer | impl | ms | GB/s | % of copy |")
-  print("|---|---|---:|---:|---:|")
+  print("| quantizer | impl | ms | GB/s | % of copy | x without 4/6 |")
+  print("|---|---|---:|---:|---:|---:|")
   for r in quant_rows:
-    print(f"| {r['quantizer']} | {r['impl']} | {r['ms']:.3f} | {r['gb_s']:.1f} | {r['pct_copy']:.0f}% |")
+    ratio = f"{r['x_plain']:.2f}x" if "x_plain" in r else ""
+    print(f"| {r['quantizer']} | {r['impl']} | {r['ms']:.3f} | {r['gb_s']:.1f} | {r['pct_copy']:.0f}% | {ratio} |")
   if matmul_rows:
-    print("\n| M x K x N | quantizers | bf16 fwd+bwd (ms) | nvfp4 fwd+bwd (ms) | nvfp4 / bf16 | fp8 / bf16 |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("\n| M x K x N | quantizers | bf16 fwd+bwd (ms) | nvfp4 fwd+bwd (ms) | nvfp4 / bf16 | nvfp4 4/6 / bf16 "
+          "| fp8 / bf16 |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for r in matmul_rows:
       print(f"| {r['shape']} | {r['kernels']} | {r['bf16_fwd_bwd_ms']:.2f} | {r['nvfp4_fwd_bwd_ms']:.2f} | "
-            f"{r['nvfp4_over_bf16']:.2f}x | {r['fp8_over_bf16']:.2f}x |")
+            f"{r['nvfp4_over_bf16']:.2f}x | {r['nvfp4_4over6_over_bf16']:.2f}x | {r['fp8_over_bf16']:.2f}x |")
 
 
 def _one_line_error(message):

@@ -19,7 +19,6 @@ MaxText/xla_flags.py's flags (--no-gpu-xla-flags: only $XLA_FLAGS).
 
 import json
 import pathlib
-import shutil
 import sys
 import tempfile
 
@@ -48,19 +47,14 @@ def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps
       f"steps={warmup + steps + profile_steps}", f"base_output_directory={out_dir}", "enable_checkpointing=false",
       "eval_interval=0", "enable_tensorboard=false"], modes)
   for mode, (label, cfg) in zip(modes, configs):
-    run_dir = pathlib.Path(out_dir) / modes_lib.run_dir_name(mode)
-    shutil.rmtree(run_dir, ignore_errors=True)  # the harness's own scratch: each measurement starts fresh
-    modes_lib.train_mode(cfg)
-    if preemption.requested():
-      print(f"{preemption.signal_name()}: stopped while measuring {label}; no table (rerun to measure)", flush=True)
-      raise SystemExit(preemption.exit_code())
+    records = modes_lib.train_fresh(out_dir, mode, label, cfg)
     allocator_peak = allocator_peak_bytes()  # before step_memory compiles (autotuning allocates too)
-    records = modes_lib.read_metrics(run_dir)
     seconds = [records[s]["seconds"] for s in range(warmup, warmup + steps)]
     median = float(np.median(seconds))
     run_shape = config.RunShape.of(cfg, jax.device_count())
     tokens_per_device = run_shape.tokens_per_step / run_shape.num_devices
     tflops = accounting.training_flops_per_device(cfg).tflops / median
+    run_dir = pathlib.Path(out_dir) / modes_lib.run_dir_name(mode)
     profile_summary = (json.loads((run_dir / "profile_summary.json").read_text(encoding="utf-8"))
                        if profile_steps else None)
     memory = step_memory(cfg, profile_summary)

@@ -14,6 +14,28 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # the many small trainings of the suite compile the same steps, and each compiles once.
 JAX_CACHE = os.environ.setdefault("MAXTEXT_TEST_JAX_CACHE", tempfile.mkdtemp(prefix="maxtext-test-jax-cache-"))
 GOLDEN = pathlib.Path(os.environ.get("NVFP4_GOLDEN_DIR", REPO.parent / "shared" / "golden" / "nvfp4"))
+# Compiling is most of the suite's time on CPU, and about a third of that is LLVM optimizing code that runs for
+# milliseconds: on CPU-only machines the suite compiles at XLA's backend optimization level 0. The quantizers' bits
+# are the same at every level (elementwise code, no fast math or FP contraction:
+# tests/quantization/test_optimization_level.py checks them against a subprocess compiled as the trainer compiles);
+# a dot's sums, at level 0, follow Eigen's thread count, so dots run single-threaded (every process of the suite,
+# pinned to one core or not, then computes the same losses). MAXTEXT_TEST_XLA_OPT=default compiles as the trainer.
+TEST_XLA_FLAGS = ""
+if os.environ.get("MAXTEXT_TEST_XLA_OPT") != "default" and not os.path.exists("/dev/nvidiactl"):
+  TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false"
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+
+
+def cpu_subprocess_env(devices, **extra):
+  """The environment of a test's subprocess on `devices` virtual CPU devices, compiling as this suite does."""
+  flags = f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}".strip()
+  return dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", **extra)
+
+
+def pytest_collection_modifyitems(items):
+  """The heavy tests first: pytest-xdist hands out tests in this order, so the longest ones start at once
+  instead of leaving one worker busy after the other has finished."""
+  items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
 
 
 def golden_cases(kind):

@@ -12,7 +12,7 @@ import jax
 import pytest
 
 from MaxText import config, distributed, train
-from tests.conftest import REPO
+from tests.conftest import REPO, cpu_subprocess_env
 from tests.test_train import SMALL
 
 LOSS = re.compile(r"^completed step: \d+, .* loss: ([\d.]+)$", re.M)
@@ -25,10 +25,11 @@ def _free_port():
 
 
 def _env(rank, port, nnodes=2):
-  return dict(os.environ, JAX_COORDINATOR_IP="127.0.0.1", JAX_COORDINATOR_PORT=str(port), NNODES=str(nnodes),
-              NODE_RANK=str(rank), XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  return cpu_subprocess_env(2, JAX_COORDINATOR_IP="127.0.0.1", JAX_COORDINATOR_PORT=str(port), NNODES=str(nnodes),
+                            NODE_RANK=str(rank))
 
 
+@pytest.mark.heavy
 def test_two_processes_train_together_and_agree(tmp_path):
   port = _free_port()
   args = [sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL, "steps=4", "dtype=float32",

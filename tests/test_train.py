@@ -12,10 +12,13 @@ import pytest
 from MaxText import config, run_setup, train
 from tests.conftest import JAX_CACHE, REPO
 
+# vocab_size: the byte tokenizer's 258, so the grain-data tests compile the same programs as the synthetic ones.
 SMALL = ["base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=16", "base_mlp_dim=128",
-         "base_num_decoder_layers=2", "vocab_size=128", "max_target_length=32", "per_device_batch_size=8",
+         "base_num_decoder_layers=2", "vocab_size=258", "max_target_length=32", "per_device_batch_size=8",
          "learning_rate=3e-3", "enable_tensorboard=false", "dataset_type=synthetic", "eval_interval=0",
-         f"jax_cache_dir={JAX_CACHE}"]
+         # One LR schedule whatever a test's step count (the schedule's constants are part of the compiled
+         # step), so the suite's trainings of one config share their compilations through the cache.
+         "learning_rate_schedule_steps=100", f"jax_cache_dir={JAX_CACHE}"]
 STEP_LINE = re.compile(r"^completed step: (\d+), seconds: [\d.]+, TFLOP/s/device: [\d.]+, "
                        r"Tokens/s/device: [\d.]+, total_weights: (\d+), loss: ([\d.]+)$")
 
@@ -33,10 +36,11 @@ def test_loss_falls_and_metrics_are_written(tmp_path):
   assert [r["step"] for r in records] == list(range(25)) and records[-1]["total_weights"] == 8 * 32
 
 
+@pytest.mark.heavy
 @jax.default_matmul_precision("highest")  # f32 means f32 (a GPU's default for f32 dots is TF32)
 def test_scan_and_loop_and_remat_train_the_same(tmp_path):
   ref = train.train(_cfg(tmp_path, "steps=3", "dtype=float32", "remat_policy=none"))
-  for i, extra in enumerate((["scan_layers=false"], ["remat_policy=full"], ["remat_policy=minimal", "scan_layers=false"])):
+  for i, extra in enumerate((["remat_policy=full"], ["remat_policy=minimal", "scan_layers=false"])):
     losses = train.train(_cfg(tmp_path, "steps=3", "dtype=float32", *extra, run=f"t{i}"))
     np.testing.assert_allclose(losses, ref, rtol=2e-5)
 
@@ -131,7 +135,7 @@ def _slow_and_poisoned(monkeypatch, nan_at=None, sleep=0.0):
   def slow(step_metrics, step):
     def wait(_):
       time.sleep(sleep)
-    jax.debug.callback(wait, step)
+    jax.debug.callback(wait, step, ordered=True)  # one after another, as a device runs its steps
     return {**step_metrics, "loss": jax.numpy.where(step == nan_at, jax.numpy.nan, step_metrics["loss"])}
 
   def for_step(self, step):

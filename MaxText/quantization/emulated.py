@@ -34,11 +34,12 @@ class GemmOperand(typing.NamedTuple):
   """A quantized operand as the tensor core reads it, [rows, contraction]."""
   data: jax.Array  # f8 (per-tensor FP8), bf16 (NVFP4 / MX values with block scales folded in; BF16)
   global_scale: jax.Array  # f32 scalar for the epilogue: NVFP4: the tensor's amax; FP8: its decode scale; else 1
+  e4m3_max: jax.Array = nvfp4.E4M3_MAX  # NVFP4: its global scale's E4M3 bound (256 under Four Over Six)
 
   @property
   def T(self):  # pylint: disable=invalid-name
     """The transposed operand: the same numbers, so per-tensor scaled roles share one quantization."""
-    return GemmOperand(self.data.T, self.global_scale)
+    return GemmOperand(self.data.T, self.global_scale, self.e4m3_max)
 
 
 def per_tensor_fp8_scale(amax, grid):
@@ -83,7 +84,8 @@ def block_size(recipe: Recipe):
 def nvfp4_options(recipe: Recipe, role: str, key):
   sr = recipe.stochastic_rounding(role)
   return dict(tile=(nvfp4.BLOCK, nvfp4.BLOCK) if recipe.tile_2d(role) else (1, nvfp4.BLOCK),
-              rht=recipe.rht(role), stochastic_rounding=sr, key=key if sr else None)
+              rht=recipe.rht(role), stochastic_rounding=sr, key=key if sr else None,
+              four_over_six=recipe.four_over_six(role))
 
 
 def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
@@ -115,6 +117,8 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, transpose, 
   where = dict(transpose=transpose, interpret=interpret)
   if recipe.format == "nvfp4":
     options = nvfp4_options(recipe, role, key)
+    if options.pop("four_over_six"):
+      return None  # the kernels don't implement Four Over Six: the XLA path quantizes these operands
     if not pallas_quantize.nvfp4_supported((rows, cols), tile=options["tile"],
                                            stochastic_rounding=options["stochastic_rounding"], key=key):
       return None
@@ -145,7 +149,9 @@ def quantize_for_gemm(x, recipe: Recipe, role: str, key=None, scale=None, *, ker
   if transpose:
     x = x.T
   if recipe.format == "nvfp4":  # straight to bf16, never through the 4-bit dtype
-    return GemmOperand(*nvfp4.quantize_block_scaled(x, **nvfp4_options(recipe, role, key)))
+    options = nvfp4_options(recipe, role, key)
+    return GemmOperand(*nvfp4.quantize_block_scaled(x, **options),
+                       jnp.float32(nvfp4.global_e4m3_max(options["four_over_six"])))
   q = quantize_operand(x, recipe, role, key, scale)
   if not isinstance(q, ScaledOperand):
     return GemmOperand(q.astype(jnp.bfloat16), jnp.float32(1))
@@ -153,6 +159,16 @@ def quantize_for_gemm(x, recipe: Recipe, role: str, key=None, scale=None, *, ker
     return GemmOperand(q.data, q.scale)
   # MX: E4M3 / E2M1 values (<= 4 significant bits) times a power of two: exact in bf16 (above 2**-126).
   return GemmOperand((q.data.astype(jnp.float32) * q.scale).astype(jnp.bfloat16), jnp.float32(1))
+
+
+def dequantize_gemm_operand(op: GemmOperand, recipe: Recipe, dtype):
+  """An NVFP4 GemmOperand's values in `dtype` (what backward_override=dequantized computes with): as
+  nvfp4.dequantize, block-scaled values times 1/S_enc, then rounded to the dtype."""
+  if recipe.format != "nvfp4":
+    raise ValueError(f"{recipe.name}: only NVFP4 operands are dequantized for the backward")
+  decode = formats.div_rn(1.0, nvfp4.global_encode_scale(op.global_scale, op.e4m3_max))
+  values = op.data.astype(jnp.float32) * decode
+  return formats.round_to_bf16(values) if jnp.dtype(dtype) == jnp.bfloat16 else values.astype(dtype)
 
 
 def dequantize_operand(q):
@@ -168,7 +184,7 @@ def gemm(a: GemmOperand, b_t: GemmOperand, recipe: Recipe):
   """a [M, K] . b_t [N, K]^T for two operands quantized by `recipe`: f32 accumulation, then the epilogue."""
   acc = jax.lax.dot_general(a.data, b_t.data, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
   if recipe.format == "nvfp4":
-    return acc * nvfp4.gemm_alpha(a.global_scale, b_t.global_scale)
+    return acc * nvfp4.gemm_alpha(a.global_scale, b_t.global_scale, a.e4m3_max, b_t.e4m3_max)
   if recipe.format in ("fp8_current", "fp8_delayed"):
     return acc * (a.global_scale * b_t.global_scale)
   return acc

@@ -190,18 +190,25 @@ def stochastic_round_to_grid(x, grid: FloatGrid, key):
   bits, each 32-bit word split into two 16-bit uniforms (the threefry hash is most of the cost of
   quantizing a gradient on CPU, and 16 bits is far finer than the step it rounds within).
   """
+  return stochastic_round_with_uniforms(x, grid, uniform16(key, jnp.shape(x)))
+
+
+def stochastic_round_with_uniforms(x, grid: FloatGrid, u):
+  """stochastic_round_to_grid given its uniforms u in (0, 1) (x's shape): up where u < the fraction of the step.
+
+  For rounding several candidates of one tensor with the same draws (Four Over Six's two block scales).
+  """
   x = x.astype(jnp.float32)
   abs_x = jnp.minimum(jnp.abs(x), grid.max_value)
   e = _quantum_exponent(abs_x, grid)
   q, inv_q = exp2i(e), exp2i(-e)
   lower = jnp.floor(abs_x * inv_q) * q
   frac = (abs_x - lower) * inv_q  # in [0, 1): exact, lower and q are on the grid
-  u = _uniform16(key, x.shape)
   rounded = jnp.minimum(lower + jnp.where(u < frac, q, 0.0), grid.max_value)
   return jnp.where(jnp.isnan(x), x, jnp.copysign(rounded, x))
 
 
-def _uniform16(key, shape):
+def uniform16(key, shape):
   """Uniforms (r + 0.5) / 2**16, r a 16-bit draw (exact in f32), two per threefry word."""
   n = math.prod(shape)
   words = jax.random.bits(key, ((n + 1) // 2,), jnp.uint32)

@@ -89,7 +89,7 @@ def stochastic_round_to_grid(x, grid: formats.FloatGrid, u):
 
 
 def uniform16(halves):
-  """formats._uniform16 from the 16-bit draws (uint32 < 2**16): (r + 0.5) / 2**16, exact."""
+  """formats.uniform16 from the 16-bit draws (uint32 < 2**16): (r + 0.5) / 2**16, exact."""
   return (halves.astype(jnp.float32) + 0.5) * 2.0 ** -16
 
 

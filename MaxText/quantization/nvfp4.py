@@ -9,6 +9,8 @@ Behaviour at the edges (as TE's reference quantizer):
     and saturates to +-6, other blocks quantize against S_enc = 1 (mostly underflowing to 0).
   * NaN: amax and every scale become NaN, so `dequantize` returns NaN everywhere: a poisoned
     tensor stays visibly poisoned instead of being silently clipped.
+`four_over_six="mse" | "mae"` chooses each block's scale by Four Over Six (four_over_six.py), with the global
+scale's E4M3 bound 256 instead of 448 (the tensor's `e4m3_max`).
 """
 
 import functools
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from MaxText.quantization import formats
+from MaxText.quantization import four_over_six as fos
 
 BLOCK = 16
 E2M1_MAX = formats.E2M1.max_value
@@ -28,10 +31,17 @@ RHT_SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1],
 
 
 class NVFP4Tensor(typing.NamedTuple):
-  """A quantized 2-D tensor: E2M1 `values` [M, N], E4M3 `scales` [M, ceil(N/16)], global `amax` (f32 scalar)."""
+  """A quantized 2-D tensor: E2M1 `values` [M, N], E4M3 `scales` [M, ceil(N/16)], global `amax` (f32 scalar), and
+  `e4m3_max`, the E4M3 bound its global scale maps amax to: S_enc = 6 * e4m3_max / amax (448; 256 under 4/6)."""
   values: jax.Array
   scales: jax.Array
   amax: jax.Array
+  e4m3_max: jax.Array = E4M3_MAX
+
+
+def global_e4m3_max(four_over_six=None):
+  """The E4M3 bound of the global scale: 448, or 256 for a Four Over Six tensor (TE's nvfp4_e4m3_max)."""
+  return fos.GLOBAL_E4M3_MAX if four_over_six else E4M3_MAX
 
 
 def _sylvester_hadamard(n):
@@ -67,13 +77,14 @@ def hadamard16(x):
   return formats.round_to_bf16(h.reshape(*lead, n) * 0.25)
 
 
-def global_encode_scale(amax):
-  """S_enc = 6*448/amax capped at FLT_MAX, and 1.0 where that comes out 0 (amax = inf).
+def global_encode_scale(amax, e4m3_max=E4M3_MAX):
+  """S_enc = 6*448/amax (6*256/amax under 4/6: `e4m3_max`) capped at FLT_MAX, and 1.0 where that comes out 0
+  (amax = inf).
 
   amax = 0 gives FLT_MAX, as in TE's reference; the all-zero tensor then has block scales 0.
   """
-  amax = amax.astype(jnp.float32)
-  s_enc = jnp.minimum(formats.div_rn(E2M1_MAX * E4M3_MAX, amax), formats.FLT_MAX)
+  amax = jnp.asarray(amax, jnp.float32)
+  s_enc = jnp.minimum(formats.div_rn(E2M1_MAX * e4m3_max, amax), formats.FLT_MAX)
   return jnp.where(s_enc == 0, 1.0, s_enc)
 
 
@@ -94,19 +105,25 @@ def _block_amax(x_f32, tile):
   return jnp.repeat(formats.abs_max(tiles, axis=(1, 3)), BLOCK, axis=0)
 
 
-def quantize(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None) -> NVFP4Tensor:
-  """Quantize a 2-D x [M, N] to NVFP4 with blocks along the last axis (16x16 tiles if tile=(16, 16))."""
-  return _quantize_jit(x, tile=tuple(tile), rht=rht, stochastic_rounding=stochastic_rounding, key=key, out="nvfp4")
+def quantize(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, four_over_six=None) -> NVFP4Tensor:
+  """Quantize a 2-D x [M, N] to NVFP4 with blocks along the last axis (16x16 tiles if tile=(16, 16)).
+
+  four_over_six: None (every block's max maps to 6), "mse" or "mae" (Four Over Six: the block's max maps to 6 or
+  to 4, whichever candidate has the smaller error in that norm; four_over_six.py).
+  """
+  return _quantize_jit(x, tile=tuple(tile), rht=rht, stochastic_rounding=stochastic_rounding, key=key,
+                       four_over_six=four_over_six, out="nvfp4")
 
 
-def quantize_block_scaled(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None):
-  """(values * block decode scale [M, N] in bf16, amax): what the GEMM reads, without the narrow dtypes.
+def quantize_block_scaled(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, four_over_six=None):
+  """(values * block decode scale [M, N] in bf16, amax): what the GEMM reads, without the narrow dtypes; the
+  global scale's E4M3 bound is global_e4m3_max(four_over_six).
 
   Exact in bf16: an E2M1 value (2 significant bits) times an E4M3 scale (4 bits) has at most 6
   significant bits and lies in [2**-10, 2688], inside bf16's 8 bits and normal range.
   """
   return _quantize_jit(x, tile=tuple(tile), rht=rht, stochastic_rounding=stochastic_rounding, key=key,
-                       out="block_scaled")
+                       four_over_six=four_over_six, out="block_scaled")
 
 
 def _fold_block_scales(values_MxN, decode_MxB):
@@ -114,15 +131,49 @@ def _fold_block_scales(values_MxN, decode_MxB):
   return values_MxN * jnp.broadcast_to(decode_MxB[:, :, None], (m, blocks, BLOCK)).reshape(m, -1)[:, :n]
 
 
-@functools.partial(jax.jit, static_argnames=("tile", "rht", "stochastic_rounding", "out"))
-def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, out):
-  """E2M1 values [M, N] and E4M3 block decode scales [M, ceil(N/16)] (f32), returned per `out`."""
+def _check_arguments(x, tile, stochastic_rounding, key, four_over_six):
   if tile not in ((1, BLOCK), (BLOCK, BLOCK)):
     raise ValueError(f"nvfp4.quantize: tile must be (1, 16) or (16, 16), got {tile}")
   if x.ndim != 2:
     raise ValueError(f"nvfp4.quantize: expects a 2-D array, got shape {tuple(x.shape)}")
   if stochastic_rounding and key is None:
     raise ValueError("nvfp4.quantize: stochastic_rounding=True needs a PRNG key")
+  fos.check_mode(four_over_six)
+
+
+def _round_blocks(x_MxBx16, encode_MxB, u_MxBx16):
+  """x * the block's encode scale, clipped to +-6, rounded to E2M1: to nearest, or stochastically with u."""
+  scaled = jnp.clip(x_MxBx16 * encode_MxB[..., None], -E2M1_MAX, E2M1_MAX)
+  if u_MxBx16 is None:
+    return formats.round_to_grid(scaled, formats.E2M1)
+  return formats.stochastic_round_with_uniforms(scaled, formats.E2M1, u_MxBx16)
+
+
+def _map_to_six(x_MxBx16, block_amax, s_enc, s_dec, u_MxBx16):
+  """Plain NVFP4: (E2M1 values [M, B, 16], E4M3 decode scales [M, B]) with each block's max mapped to 6."""
+  decode = jnp.minimum(block_amax * (s_enc * (1.0 / E2M1_MAX)), formats.FLT_MAX)
+  decode = formats.round_to_grid(jnp.clip(decode, -E4M3_MAX, E4M3_MAX), formats.E4M3)
+  encode = jnp.minimum(formats.div_rn(1.0, decode * s_dec), formats.FLT_MAX)
+  decode, encode = formats.materialize(decode, encode)  # once per block, not once per element
+  return _round_blocks(x_MxBx16, encode, u_MxBx16), decode
+
+
+def _four_over_six(x_MxBx16, block_amax, amax, s_enc, s_dec, u_MxBx16, tile, mode):
+  """Four Over Six: both candidates quantized (with the same uniforms under SR), the one with the smaller error
+  kept per block, or per 16x16 tile (rows of x a multiple of 16 there)."""
+  decode, encode = fos.candidate_scales(block_amax, s_enc, s_dec)  # [2, M, B]: map-to-6, map-to-4
+  candidates = _round_blocks(x_MxBx16[None], encode, None if u_MxBx16 is None else u_MxBx16[None])
+  errors = fos.block_errors(candidates, decode, x_MxBx16, amax, mode)
+  if tile != (1, BLOCK):
+    errors = fos.tile_errors(errors)
+  decode, encode = fos.choose(decode, encode, errors)
+  return _round_blocks(x_MxBx16, encode, u_MxBx16), decode
+
+
+@functools.partial(jax.jit, static_argnames=("tile", "rht", "stochastic_rounding", "four_over_six", "out"))
+def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, four_over_six, out):
+  """E2M1 values [M, N] and E4M3 block decode scales [M, ceil(N/16)] (f32), returned per `out`."""
+  _check_arguments(x, tile, stochastic_rounding, key, four_over_six)
   if rht:
     # The bf16 RHT output, written once: else XLA fuses the butterfly into both consumers (amax and
     # rounding), recomputing it through f32 intermediates (H100, [8192, 16384] RHT+SR: 2.31 -> 1.75 ms).
@@ -130,25 +181,27 @@ def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, out):
   m, n = x.shape
   x_f32 = x.astype(jnp.float32)
   amax = formats.abs_max(x_f32) if x.size else jnp.float32(0)
-  s_enc = global_encode_scale(amax)
+  e4m3_max = global_e4m3_max(four_over_six)
+  s_enc = global_encode_scale(amax, e4m3_max)
   s_dec = formats.div_rn(1.0, s_enc)
 
-  padded = _pad_to_block(x_f32, tile[0])
-  block_amax = _block_amax(padded, tile)[:m]  # [M, ceil(N/16)]
-  decode = jnp.minimum(block_amax * (s_enc * (1.0 / E2M1_MAX)), formats.FLT_MAX)
-  decode = formats.round_to_grid(jnp.clip(decode, -E4M3_MAX, E4M3_MAX), formats.E4M3)
-  encode = jnp.minimum(formats.div_rn(1.0, decode * s_dec), formats.FLT_MAX)
-  decode, encode = formats.materialize(decode, encode)  # once per block, not once per element
-
-  scaled = padded[:m].reshape(m, -1, BLOCK) * encode[..., None]
-  scaled = jnp.clip(scaled, -E2M1_MAX, E2M1_MAX).reshape(m, -1)[:, :n]
-  if stochastic_rounding:
-    values = formats.stochastic_round_to_grid(scaled, formats.E2M1, key)
+  padded = _pad_to_block(x_f32, tile[0])  # 4/6 on 16x16 tiles sums the errors of zero rows too (all 0)
+  rows = padded.shape[0] if four_over_six else m
+  x_blocks = padded[:rows].reshape(rows, -1, BLOCK)
+  block_amax = _block_amax(padded, tile)[:rows]  # [rows, ceil(N/16)]
+  u_blocks = None
+  if stochastic_rounding:  # drawn for [M, N] as before; the padding (zeros) never rounds up
+    u = formats.uniform16(key, (m, n))
+    u_blocks = jnp.pad(u, ((0, rows - m), (0, padded.shape[1] - n))).reshape(rows, -1, BLOCK)
+  if four_over_six:
+    values, decode = _four_over_six(x_blocks, block_amax, amax, s_enc, s_dec, u_blocks, tile, four_over_six)
   else:
-    values = formats.round_to_grid(scaled, formats.E2M1)
+    values, decode = _map_to_six(x_blocks, block_amax, s_enc, s_dec, u_blocks)
+  values, decode = values.reshape(rows, -1)[:m, :n], decode[:m]
   if out == "block_scaled":
     return _fold_block_scales(values, decode).astype(jnp.bfloat16), amax
-  return NVFP4Tensor(formats.cast_exact(values, formats.E2M1), formats.cast_exact(decode, formats.E4M3), amax)
+  return NVFP4Tensor(formats.cast_exact(values, formats.E2M1), formats.cast_exact(decode, formats.E4M3), amax,
+                     jnp.float32(e4m3_max))
 
 
 def block_scaled_values(q: NVFP4Tensor):
@@ -158,7 +211,7 @@ def block_scaled_values(q: NVFP4Tensor):
 
 def decode_scale(q: NVFP4Tensor):
   """The global decode scale 1/S_enc (f32 scalar)."""
-  return formats.div_rn(1.0, global_encode_scale(q.amax))
+  return formats.div_rn(1.0, global_encode_scale(q.amax, q.e4m3_max))
 
 
 def dequantize(q: NVFP4Tensor):
@@ -166,9 +219,10 @@ def dequantize(q: NVFP4Tensor):
   return block_scaled_values(q) * decode_scale(q)
 
 
-def gemm_alpha(amax_a, amax_b):
-  """The epilogue scale of an NVFP4 GEMM: amax_a * amax_b / (6*6*448*448), as the tensor core applies it."""
-  return formats.div_rn(amax_a * amax_b, E2M1_MAX * E2M1_MAX * E4M3_MAX * E4M3_MAX)
+def gemm_alpha(amax_a, amax_b, e4m3_max_a=E4M3_MAX, e4m3_max_b=E4M3_MAX):
+  """The epilogue scale of an NVFP4 GEMM: amax_a * amax_b / (6*6*448*448), as the tensor core applies it (TE's
+  reference GEMM: each operand's own E4M3 bound, 256 for a 4/6 operand; 36 * e_a * e_b is exact in f32)."""
+  return formats.div_rn(amax_a * amax_b, (E2M1_MAX * E2M1_MAX * e4m3_max_a) * e4m3_max_b)
 
 
 def gemm(a: NVFP4Tensor, b: NVFP4Tensor):
@@ -180,4 +234,4 @@ def gemm(a: NVFP4Tensor, b: NVFP4Tensor):
   """
   a16, b16 = (block_scaled_values(t).astype(jnp.bfloat16) for t in (a, b))
   out = jax.lax.dot_general(a16, b16, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-  return out * gemm_alpha(a.amax, b.amax)
+  return out * gemm_alpha(a.amax, b.amax, a.e4m3_max, b.e4m3_max)

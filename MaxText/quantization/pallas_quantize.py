@@ -77,7 +77,7 @@ def amax_padded(x_padded, *, transpose, rht, interpret):
 
 
 def _sr_uniforms(layout, key_ref, operand_cols):
-  """formats._uniform16's draws for this tile, [2, block_rows, block_cols]: one threefry word per pair of rows."""
+  """formats.uniform16's draws for this tile, [2, block_rows, block_cols]: one threefry word per pair of rows."""
   row0, col0 = layout.rows_cols_origin()
   shape = (layout.block_rows, layout.block_cols)
   rows = row0 + jax.lax.broadcasted_iota(jnp.uint32, shape, 0)

@@ -1,4 +1,9 @@
-"""The quantized matmul: y = x . w with the recipe's fprop, dgrad and wgrad GEMMs (custom_vjp)."""
+"""The quantized matmul: y = x . w with the recipe's fprop, dgrad and wgrad GEMMs (custom_vjp).
+
+With a backward_override (NVFP4, TE's option) only fprop is quantized: dgrad and wgrad run in the compute dtype
+on the unquantized x, w, dy (high_precision) or on the forward's quantized x and w, dequantized, and the
+unquantized dy (dequantized).
+"""
 
 import functools
 
@@ -63,6 +68,10 @@ def _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype, backend, kernels):
   x_op = _quantize(backend, kernels, x_MxK, recipe, "x")
   w_op = _quantize(backend, kernels, w_KxN, recipe, "w", transpose=True)
   y_MxN = _gemm(backend, x_op, w_op, recipe).astype(x_MxK.dtype)
+  if recipe.backward_override == "high_precision":
+    return y_MxN, (x_MxK, w_KxN, key)
+  if recipe.backward_override == "dequantized":  # the forward's operands, kept (or rematerialized) as they are
+    return y_MxN, (name_for_remat(x_op), name_for_remat(w_op), key)
   # What the backward needs: a quantized operand where its transposed role has the same numbers
   # (named, so a remat policy can keep it instead of quantizing again), else the input itself.
   x_res = name_for_remat(x_op.T) if recipe.shares_transpose("x") else x_MxK
@@ -70,7 +79,25 @@ def _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype, backend, kernels):
   return y_MxN, (x_res, w_res, key)
 
 
+def _bwd_in_compute_dtype(recipe, w_dtype, backend, residuals, dy_MxN):
+  """dgrad and wgrad of a backward_override: GEMMs on dy's dtype (the compute dtype), f32 accumulation."""
+  x_res, w_res, _ = residuals
+  dtype = dy_MxN.dtype
+  if recipe.backward_override == "dequantized":
+    dequantize = (lambda op: op.dequantize(dtype)) if backend == "xla" else (
+        lambda op: emulated.dequantize_gemm_operand(op, recipe, dtype))
+    x_MxK, w_NxK = dequantize(x_res), dequantize(w_res)
+  else:
+    x_MxK, w_NxK = x_res.astype(dtype), w_res.T.astype(dtype)
+  dot = lambda a, b, dims: jax.lax.dot_general(a, b, (dims, ((), ())), preferred_element_type=jnp.float32)
+  dx_MxK = dot(dy_MxN, w_NxK, ((1,), (0,))).astype(dtype)
+  dw_KxN = dot(x_MxK, dy_MxN, ((0,), (0,))).astype(dtype).astype(w_dtype)
+  return dx_MxK, dw_KxN, None
+
+
 def _qmatmul_bwd(recipe, w_dtype, backend, kernels, residuals, dy_MxN):
+  if not recipe.quantized_backward:
+    return _bwd_in_compute_dtype(recipe, w_dtype, backend, residuals, dy_MxN)
   x_res, w_res, key = residuals
   k_dgrad, k_wgrad = _split_grad_keys(key)
   dy_op = _quantize(backend, kernels, dy_MxN, recipe, "dy", k_dgrad)

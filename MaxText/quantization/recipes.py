@@ -2,7 +2,8 @@
 
 One source of truth: `RECIPES` maps every user-facing name to its definition; `get_recipe`
 applies the TE-named knobs (disable_rht, disable_stochastic_rounding, disable_2d_quantization,
-amax_history_len, amax_compute_algo).
+amax_history_len, amax_compute_algo; for NVFP4 also TE 2.20's nvfp4_4over6, nvfp4_4over6_err_mode and
+backward_override).
 """
 
 import dataclasses
@@ -19,6 +20,15 @@ WGRAD_ROLES = ("x_t", "dy_t")
 
 FORMATS = ("bf16", "nvfp4", "fp8_current", "fp8_delayed", "mxfp8", "mxfp4")
 
+# NVFP4 Four Over Six scopes (TE's names; "gradients" and a gradient-including "all" are ours: TE's "all" is
+# weights and activations) and the operand roles each covers.
+FOUR_OVER_SIX_SCOPES = {"none": (), "weights": WEIGHT_ROLES, "activations": ("x", "x_t"), "gradients": GRAD_ROLES,
+                        "all": ROLES}
+FOUR_OVER_SIX_ERR_MODES = ("mse", "mae")
+# none; high_precision: dgrad and wgrad on the unquantized x, w, dy; dequantized: on the forward's quantized x and w,
+# dequantized, and the unquantized dy. Both backward GEMMs in the compute dtype (TE's backward_override).
+BACKWARD_OVERRIDES = ("none", "high_precision", "dequantized")
+
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
@@ -31,6 +41,9 @@ class Recipe:
   disable_2d_quantization: bool = False
   amax_history_len: int = 1024
   amax_compute_algo: str = "max"  # or "most_recent"
+  nvfp4_4over6: str = "none"  # a FOUR_OVER_SIX_SCOPES key
+  nvfp4_4over6_err_mode: str = "mse"  # the paper's; TE's default is "mae"
+  backward_override: str = "none"  # one of BACKWARD_OVERRIDES
 
   @property
   def quantized(self) -> bool:
@@ -56,6 +69,25 @@ class Recipe:
   def tile_2d(self, role: str) -> bool:
     """16x16 tiles for the weight (both views the same numbers)."""
     return self.format == "nvfp4" and not self.disable_2d_quantization and role in WEIGHT_ROLES
+
+  def four_over_six(self, role: str):
+    """The Four Over Six error mode ("mse" / "mae") where `role` is quantized with 4/6, else None."""
+    if self.format == "nvfp4" and role in FOUR_OVER_SIX_SCOPES[self.nvfp4_4over6]:
+      return self.nvfp4_4over6_err_mode
+    return None
+
+  @property
+  def quantized_backward(self) -> bool:
+    """Whether dgrad and wgrad run on quantized operands (no backward_override)."""
+    return self.quantized and self.backward_override == "none"
+
+  @property
+  def quantized_roles(self) -> tuple:
+    """The operand roles this recipe quantizes: all six, only fprop's x and w with a backward_override, none for
+    BF16."""
+    if not self.quantized:
+      return ()
+    return ROLES if self.quantized_backward else ("x", "w")
 
   def shares_transpose(self, operand: str) -> bool:
     """Whether operand ("x", "w" or "dy") and its transposed role quantize to the same numbers, so one
@@ -94,7 +126,9 @@ RECIPES = {
 }
 ALIASES = {"bf16": "", "none": ""}
 KNOBS = ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization",
-         "amax_history_len", "amax_compute_algo")
+         "amax_history_len", "amax_compute_algo", "nvfp4_4over6", "nvfp4_4over6_err_mode", "backward_override")
+_NVFP4_KNOBS = {"nvfp4_4over6": tuple(FOUR_OVER_SIX_SCOPES), "nvfp4_4over6_err_mode": FOUR_OVER_SIX_ERR_MODES,
+                "backward_override": BACKWARD_OVERRIDES}
 
 
 def recipe_names():
@@ -115,4 +149,10 @@ def get_recipe(name: str, **overrides) -> Recipe:
   if int(overrides.get("amax_history_len", 1)) < 1:
     raise ValueError("amax_history_len must be >= 1")
   recipe = RECIPES[key]
+  for knob, choices in _NVFP4_KNOBS.items():
+    value = overrides.get(knob, getattr(recipe, knob))
+    if value not in choices:
+      raise ValueError(f"{knob} must be one of {', '.join(choices)}, got {value!r}")
+    if value != getattr(recipe, knob) and recipe.format != "nvfp4":
+      raise ValueError(f"{knob}={value} applies to the NVFP4 recipes only, not to {recipe.name or 'bf16'}")
   return dataclasses.replace(recipe, **overrides) if overrides else recipe

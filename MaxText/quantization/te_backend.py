@@ -40,12 +40,33 @@ def min_sm(recipe: Recipe) -> int:
   return NVFP4_MIN_SM if recipe.format in ("nvfp4", "mxfp8") else FP8_MIN_SM
 
 
+def _options_reason(recipe: Recipe):
+  """Why TE can't run the recipe's Four Over Six / backward_override settings, or None without them.
+
+  TE 2.20 has both in its PyTorch NVFP4BlockScaling only (transformer_engine.jax reads neither), and even there
+  applies 4/6 to weights and activations only (never to gradients) and without the RHT or stochastic rounding.
+  """
+  if recipe.nvfp4_4over6 == "none" and recipe.backward_override == "none":
+    return None
+  settings = ", ".join(f"{k}={getattr(recipe, k)}" for k in ("nvfp4_4over6", "backward_override")
+                       if getattr(recipe, k) != "none")
+  why = "Transformer Engine's JAX bindings (2.20) read neither nvfp4_4over6 nor backward_override"
+  if recipe.nvfp4_4over6 in ("gradients", "all"):
+    why += "; TE never applies Four Over Six to gradients"
+  elif recipe.nvfp4_4over6 == "activations" and not recipe.disable_rht:
+    why += "; TE's Four Over Six doesn't take the RHT its activation quantizer applies"
+  return f"{settings}: {why}"
+
+
 def unavailable_reason(recipe: Recipe):
   """None when TE can run `recipe` here, else why not (one line)."""
   if not recipe.name.startswith("te_"):
     return f"{recipe.name} has no Transformer Engine kernel"
   if recipe.stateful:
     return "the trainer carries the amax history itself (TE would keep it in its own variable collection)"
+  options = _options_reason(recipe)
+  if options is not None:
+    return options
   sm = gpu_compute_capability()
   need = min_sm(recipe)
   kind = "NVFP4" if recipe.format == "nvfp4" else "FP8"

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from MaxText.quantization import emulated
+from MaxText.quantization import formats
 from MaxText.quantization import nvfp4
 from MaxText.quantization.recipes import Recipe
 
@@ -26,14 +27,22 @@ class XlaOperand(typing.NamedTuple):
   """A block-scaled operand [rows, contraction] as the block-scaled dot reads it."""
   values: jax.Array  # float4_e2m1fn (NVFP4, MXFP4) or float8_e4m3fn (MXFP8) [rows, contraction]
   scales: jax.Array  # float8_e4m3fn [rows, contraction / 16] (NVFP4) or float8_e8m0fnu [rows, contraction / 32]
-  amax: jax.Array  # f32 scalar: NVFP4's global scale is amax / (6 * 448); unused for MX
+  amax: jax.Array  # f32 scalar: NVFP4's global scale is amax / (6 * e4m3_max); unused for MX
+  e4m3_max: jax.Array = nvfp4.E4M3_MAX  # NVFP4: 448, or 256 for a Four Over Six operand
 
   @property
   def T(self):  # pylint: disable=invalid-name
     """The transposed operand of a 16x16-tiled quantization (every row of a tile has the tile's scale)."""
     rows, cols = self.values.shape
     tile_scales = self.scales[::nvfp4.BLOCK]  # [rows / 16, cols / 16]
-    return XlaOperand(self.values.T, jnp.repeat(tile_scales.T, nvfp4.BLOCK, axis=0)[:cols], self.amax)
+    return XlaOperand(self.values.T, jnp.repeat(tile_scales.T, nvfp4.BLOCK, axis=0)[:cols], self.amax,
+                      self.e4m3_max)
+
+  def dequantize(self, dtype):
+    """NVFP4: values * block scale * 1/S_enc rounded to `dtype`, as emulated.dequantize_gemm_operand."""
+    q = nvfp4.NVFP4Tensor(self.values, self.scales, self.amax, self.e4m3_max)
+    values = nvfp4.dequantize(q)
+    return formats.round_to_bf16(values) if jnp.dtype(dtype) == jnp.bfloat16 else values.astype(dtype)
 
 
 BLOCK_SCALED_FORMATS = ("nvfp4", "mxfp8", "mxfp4")
@@ -63,7 +72,7 @@ def quantize_for_gemm(x, recipe: Recipe, role: str, key=None) -> XlaOperand:
   16, amax) or MX (E4M3 / E2M1, E8M0 per 32: the power of two itself, exact in float8_e8m0fnu)."""
   if recipe.format == "nvfp4":
     q = nvfp4.quantize(x, **emulated.nvfp4_options(recipe, role, key))
-    return XlaOperand(q.values, q.scales, q.amax)
+    return XlaOperand(q.values, q.scales, q.amax, q.e4m3_max)
   q = emulated.quantize_mx(x, emulated.element_grid(recipe, role))
   rows, cols = x.shape
   scales = q.scale.reshape(rows, cols // emulated.MX_BLOCK, emulated.MX_BLOCK)[..., 0]
@@ -76,4 +85,4 @@ def gemm(a: XlaOperand, b_t: XlaOperand):
                              preferred_element_type=jnp.float32)[0]
   if a.scales.dtype == jnp.float8_e8m0fnu:
     return acc
-  return acc * nvfp4.gemm_alpha(a.amax, b_t.amax)
+  return acc * nvfp4.gemm_alpha(a.amax, b_t.amax, a.e4m3_max, b_t.e4m3_max)

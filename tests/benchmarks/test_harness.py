@@ -1,5 +1,5 @@
 """The benchmark harnesses on a few steps: parity's analysis, files and resume; throughput's table (memory
-included); the attention benchmark's CPU exit."""
+included); the attention benchmark's CPU exit; quant_error's table."""
 
 import json
 
@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from benchmarks import attention_bench, modes, parity, throughput
+from benchmarks import attention_bench, modes, parity, quant_error, throughput
 from MaxText import accounting, config
 from tests.conftest import REPO
 from tests.test_train import SMALL
@@ -43,12 +43,13 @@ def test_analysis_on_known_curves():
   assert "| slow |" in parity.markdown(rows, 0.3) and "> 1.00x" in parity.markdown(rows, 0.3)
 
 
+@pytest.mark.heavy
 def test_parity_harness_writes_curves_table_plot_and_resumes(tmp_path, capsys):
   args = ["--config", str(REPO / "configs" / "llama3_tiny.yml"), "--steps", "4", "--out", str(tmp_path),
-          "--modes", "bf16,te_nvfp4:disable_stochastic_rounding=true", *SMALL]
+          "--modes", "bf16,te_fp8_currentscaling", *SMALL]  # any two recipes (FP8 compiles faster than NVFP4)
   assert parity.main(args) == 0
   curves = json.loads((tmp_path / "curves.json").read_text())
-  assert list(curves["losses"]) == ["bf16", "te_nvfp4:disable_stochastic_rounding=true"]
+  assert list(curves["losses"]) == ["bf16", "te_fp8_currentscaling"]
   assert curves["seeds"] == [0] and all(len(v["0"]) == 4 for v in curves["losses"].values())
   assert (tmp_path / "parity.png").stat().st_size > 10_000 and "| bf16 |" in (tmp_path / "parity.md").read_text()
   capsys.readouterr()
@@ -56,22 +57,23 @@ def test_parity_harness_writes_curves_table_plot_and_resumes(tmp_path, capsys):
   assert "completed step" not in capsys.readouterr().out
 
 
+@pytest.mark.heavy
 def test_throughput_table(tmp_path, capsys):
   assert throughput.main(["--config", str(REPO / "configs" / "llama3_tiny.yml"), "--steps", "2", "--warmup", "1",
-                          "--profile-steps", "1", "--modes", "bf16,te_nvfp4", "--json", str(tmp_path / "t.json"),
+                          "--profile-steps", "1", "--modes", "bf16,te_fp8_currentscaling",
+                          "--json", str(tmp_path / "t.json"),
                           "--out", str(tmp_path / "runs"), *SMALL]) == 0
   out = capsys.readouterr().out
-  assert "| mode | median step (s) |" in out and "| te_nvfp4 |" in out
+  assert "| mode | median step (s) |" in out and "| te_fp8_currentscaling |" in out
   rows = json.loads((tmp_path / "t.json").read_text())["rows"]
   assert rows[0]["ratio"] == 1.0 and rows[1]["tokens_per_device"] == pytest.approx(8 * 32 / rows[1]["median_s"])
   # The breakdown, by the compiled ops' dtypes: XLA on CPU keeps the forward GEMMs on bf16 operands (it
-  # widens bf16-output ones to f32); the quantizers make te_nvfp4's elementwise share the larger.
+  # widens bf16-output ones to f32); FP8's amax and casts make its elementwise share the larger.
   assert "| mode | device ms/step |" in out
-  bf16, nvfp4 = ({c["category"]: c["ms_per_step"] for c in r["profile"]["categories"]} for r in rows)
-  assert bf16["gemm bf16"] > 0 and nvfp4["gemm bf16"] > 0
-  assert nvfp4["quantization/elementwise"] > bf16["quantization/elementwise"]
+  bf16, fp8 = ({c["category"]: c["ms_per_step"] for c in r["profile"]["categories"]} for r in rows)
+  assert bf16["gemm bf16"] > 0 and fp8["quantization/elementwise"] > bf16["quantization/elementwise"]
   # The trace itself, for TensorBoard's profile plugin and for Perfetto.
-  profile_dir = tmp_path / "runs" / "te_nvfp4" / "tensorboard" / "plugins" / "profile"
+  profile_dir = tmp_path / "runs" / "te_fp8_currentscaling" / "tensorboard" / "plugins" / "profile"
   assert list(profile_dir.glob("*/*.xplane.pb")) and list(profile_dir.glob("*/perfetto_trace.json.gz"))
   # Peak memory per mode, from the compiled step: at least the parameters, gradients' worth and AdamW state
   # it takes and returns (f32: 4 + 8 bytes per parameter), and below what the host has.
@@ -84,7 +86,7 @@ def test_throughput_table(tmp_path, capsys):
     assert memory["argument_bytes"] >= state_bytes and memory["temp_bytes"] > 0
     assert row["peak_memory_bytes"] < 2 ** 30
     assert row["attention_tflops"] is None  # XLA attention: its dots count as GEMMs
-  assert rows[0]["peak_memory_bytes"] != rows[1]["peak_memory_bytes"]  # te_nvfp4 keeps other residuals
+  assert rows[0]["peak_memory_bytes"] != rows[1]["peak_memory_bytes"]  # FP8 keeps other residuals
 
 
 def test_attention_bench_needs_a_gpu_for_cudnn_and_times_the_xla_variants(tmp_path, capsys):
@@ -149,3 +151,15 @@ def test_argument_errors_are_the_one_line_form(capsys, argv, message):
     parser.parse_known_args(argv)
   assert e.value.code == 2 and capsys.readouterr().err == f"error: {parser.prog}: {message}\n"
   assert parser.parse_known_args(["--steps", "3", "seed=-1"])[1] == ["seed=-1"]  # overrides pass through
+
+
+def test_quant_error_table_gives_each_modes_error_and_mse_change(capsys):
+  errors = {"te_nvfp4": {("gate", "x"): 0.1, ("gate", "dy"): 0.2},
+            "te_nvfp4:nvfp4_4over6=all": {("gate", "x"): 0.09, ("gate", "dy"): 0.2}}
+  lines = quant_error.markdown(errors).splitlines()
+  assert lines[0].startswith("| GEMM | operand | te_nvfp4 rel. err | te_nvfp4:nvfp4_4over6=all rel. err |")
+  assert lines[2] == "| gate | x | 0.1000 | 0.0900 | -19.0% |"  # MSE: 0.9**2 - 1
+  assert lines[3] == "| gate | dy | 0.2000 | 0.2000 | +0.0% |"
+  with pytest.raises(SystemExit) as e:
+    quant_error.main(["--steps", "0"])
+  assert e.value.code == 2 and capsys.readouterr().err.strip() == "error: --steps must be > 0"

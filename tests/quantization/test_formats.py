@@ -85,6 +85,7 @@ def _everything_a_recipe_computes(name):
   return out + [y, *vjp(dy)]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", [n for n, r in RECIPES.items() if r.quantized])
 def test_every_quantizer_gives_the_same_bits_with_gpu_like_division(name):
   ieee = jax.jit(_everything_a_recipe_computes, static_argnums=0)(name)

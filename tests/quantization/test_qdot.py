@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from MaxText.quantization import backends, delayed, emulated, get_recipe, qdense, qmatmul, recipe_names
+from MaxText.quantization import backends, delayed, emulated, formats, get_recipe, nvfp4, qdense, qmatmul, recipe_names
 from tests.conftest import division_modes, golden_params
 
 
@@ -122,3 +122,93 @@ def test_backend_falls_back_to_emulation_without_te(caplog):
 def test_mx_needs_blocks_of_32():
   with pytest.raises(ValueError, match="multiple of 32"):
     emulated.quantize_operand(jnp.ones((4, 48)), get_recipe("mxfp4"), "x")
+
+
+# -- NVFP4 recipe options: Four Over Six and backward_override ------------------------------------------------------
+
+def _operands(seed=0):
+  kx, kw, kd = jax.random.split(jax.random.key(seed), 3)
+  return (jax.random.normal(kx, (64, 96), jnp.bfloat16), jax.random.normal(kw, (96, 32)) * 0.1,
+          jax.random.normal(kd, (64, 32), jnp.bfloat16))
+
+
+def _bf16_dot(a, b, dims):
+  return jax.lax.dot_general(a, b, (dims, ((), ())), preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+
+
+def _quantizations(recipe, x, w, dy):
+  """How many operand quantizations one forward + backward of qmatmul runs (quantize_for_gemm calls)."""
+  from tests.test_train_step import _count_calls  # pylint: disable=import-outside-toplevel
+  grads = lambda x, w: jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=jax.random.key(1)), x, w)[1](dy)
+  return _count_calls(jax.make_jaxpr(grads)(x, w).jaxpr, "quantize_for_gemm")
+
+
+def test_backward_override_high_precision_runs_dgrad_and_wgrad_on_the_unquantized_operands():
+  x, w, dy = _operands()
+  recipe = get_recipe("te_nvfp4", backward_override="high_precision")
+  y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=jax.random.key(1)), x, w)
+  dx, dw = vjp(dy)
+  np.testing.assert_array_equal(y, qmatmul(x, w, get_recipe("te_nvfp4"), key=jax.random.key(1)))  # fprop as before
+  np.testing.assert_array_equal(dx, _bf16_dot(dy, w.T.astype(jnp.bfloat16), ((1,), (0,))))
+  np.testing.assert_array_equal(dw, _bf16_dot(x, dy, ((0,), (0,))).astype(jnp.float32))
+  assert _quantizations(recipe, x, w, dy) == 2 and _quantizations(get_recipe("te_nvfp4"), x, w, dy) == 5
+
+
+def test_backward_override_dequantized_reuses_the_forward_quantized_operands():
+  x, w, dy = _operands()
+  recipe = get_recipe("te_nvfp4", backward_override="dequantized", nvfp4_4over6="weights")
+  _, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=jax.random.key(1)), x, w)
+  dx, dw = vjp(dy)
+  # The forward's operands, dequantized independently: x in 1x16 blocks, w^T in 16x16 tiles with Four Over Six.
+  x_hat = formats.round_to_bf16(nvfp4.dequantize(nvfp4.quantize(x)))
+  w_hat = formats.round_to_bf16(nvfp4.dequantize(nvfp4.quantize(w.T, tile=(16, 16), four_over_six="mse")))
+  np.testing.assert_array_equal(dx, _bf16_dot(dy, w_hat, ((1,), (0,))))
+  np.testing.assert_array_equal(dw, _bf16_dot(x_hat, dy, ((0,), (0,))).astype(jnp.float32))
+  assert _quantizations(recipe, x, w, dy) == 2
+  high = jax.vjp(lambda x, w: qmatmul(x, w, get_recipe("te_nvfp4", backward_override="high_precision"),
+                                      key=jax.random.key(1)), x, w)[1](dy)
+  assert 0.03 < _rel(dx, np.asarray(high[0], np.float32)) < 0.3  # the quantization error of w, not noise
+
+
+def test_four_over_six_forward_puts_both_operands_on_the_256_bound():
+  x, w, _ = _operands(2)
+  y_46 = qmatmul(x, w, get_recipe("te_nvfp4", nvfp4_4over6="all"), key=jax.random.key(1))
+  x_46, w_46 = nvfp4.quantize(x, four_over_six="mse"), nvfp4.quantize(w.T, tile=(16, 16), four_over_six="mse")
+  # A 448 left in the epilogue would scale y by (256/448)^2; y itself is rounded to bf16.
+  assert _rel(y_46, np.asarray(nvfp4.dequantize(x_46) @ nvfp4.dequantize(w_46).T)) < 5e-3
+
+
+@pytest.mark.slow
+def test_four_over_six_reaches_dgrad_and_wgrad():
+  x, w, dy = _operands(2)
+  run = lambda recipe: jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=jax.random.key(1)), x, w)[1](dy)
+  for a, b in zip(run(get_recipe("te_nvfp4")), run(get_recipe("te_nvfp4", nvfp4_4over6="gradients"))):
+    assert not np.array_equal(a, b) and _rel(a, np.asarray(b, np.float32)) < 0.2
+
+
+def test_four_over_six_operands_skip_the_pallas_kernels():
+  x, _, _ = _operands()
+  recipe = get_recipe("te_nvfp4", nvfp4_4over6="activations")
+  jaxpr = jax.make_jaxpr(lambda x: emulated.quantize_for_gemm(x, recipe, "x", kernels="interpret"))(x)
+  assert "pallas_call" not in str(jaxpr)
+  got = emulated.quantize_for_gemm(x, recipe, "x", kernels="interpret")
+  want = emulated.quantize_for_gemm(x, recipe, "x", kernels="xla")
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+  assert float(got.e4m3_max) == 256.0
+
+
+def test_recipe_options_are_validated_and_te_refuses_them():
+  with pytest.raises(ValueError, match="nvfp4_4over6 must be one of none, weights, activations, gradients, all"):
+    get_recipe("te_nvfp4", nvfp4_4over6="weight")
+  with pytest.raises(ValueError, match="applies to the NVFP4 recipes only, not to te_fp8_currentscaling"):
+    get_recipe("te_fp8_currentscaling", backward_override="dequantized")
+  recipe = get_recipe("te_nvfp4", nvfp4_4over6="all")
+  assert [recipe.four_over_six(r) for r in ("x", "w", "dy")] == ["mse"] * 3
+  assert get_recipe("te_nvfp4", nvfp4_4over6="weights", nvfp4_4over6_err_mode="mae").four_over_six("w_t") == "mae"
+  assert get_recipe("te_nvfp4", nvfp4_4over6="weights").four_over_six("x") is None
+  backends.resolve.cache_clear()
+  with pytest.raises(ValueError, match="quantization_backend=te: te_nvfp4: nvfp4_4over6=all: Transformer Engine's "
+                                       "JAX bindings .* read neither"):
+    backends.resolve(recipe, "te")
+  assert backends.resolve(recipe, "auto") == "emulated"

@@ -50,6 +50,7 @@ def test_rht_roles_are_measured_against_the_rotated_operand():
   assert err_rht == pytest.approx(float(expected), rel=1e-6)
 
 
+@pytest.mark.heavy
 def test_sink_gradient_carries_stats_and_leaves_the_gemm_unchanged():
   x = jax.random.normal(jax.random.key(2), (32, 64), jnp.bfloat16)
   w = jax.random.normal(jax.random.key(3), (64, 48)) * 0.05
@@ -58,15 +59,16 @@ def test_sink_gradient_carries_stats_and_leaves_the_gemm_unchanged():
   def loss(x, w, sink):
     return jnp.sum(qmatmul(x, w, NVFP4, key=key, stats_sink=sink).astype(jnp.float32) ** 2)
 
-  plain = jax.grad(lambda x, w: jnp.sum(qmatmul(x, w, NVFP4, key=key).astype(jnp.float32) ** 2),
-                   argnums=(0, 1))(x, w)
-  dx, dw, sink_grad = jax.grad(loss, argnums=(0, 1, 2))(x, w, stats.empty_sink())
+  plain = jax.jit(jax.grad(lambda x, w: jnp.sum(qmatmul(x, w, NVFP4, key=key).astype(jnp.float32) ** 2),
+                           argnums=(0, 1)))(x, w)
+  dx, dw, sink_grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, w, stats.empty_sink())
   np.testing.assert_array_equal(dx, plain[0])
   np.testing.assert_array_equal(dw, plain[1])
   assert sink_grad.shape == (6, 3)
   roles = list(stats.ROLES)
-  np.testing.assert_allclose(sink_grad[roles.index("x")], stats.operand_stats(x, NVFP4, "x"), rtol=1e-6)
-  np.testing.assert_allclose(sink_grad[roles.index("w")], stats.operand_stats(w.T, NVFP4, "w"), rtol=1e-6)
+  operand_stats = jax.jit(stats.operand_stats, static_argnums=(1, 2))  # one compile, not one per op
+  np.testing.assert_allclose(sink_grad[roles.index("x")], operand_stats(x, NVFP4, "x"), rtol=1e-6)
+  np.testing.assert_allclose(sink_grad[roles.index("w")], operand_stats(w.T, NVFP4, "w"), rtol=1e-6)
   # 2D weight tiles: the transposed view is the same numbers, so the same error.
   np.testing.assert_allclose(sink_grad[roles.index("w_t")], sink_grad[roles.index("w")], rtol=1e-6)
   assert 0.05 < float(sink_grad[roles.index("dy"), 0]) < 0.25  # E2M1's ~10% relative error on gaussians

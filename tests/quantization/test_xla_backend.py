@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from MaxText import precision, train
+from MaxText import accounting, hlo_dots, precision, train
 from MaxText.quantization import backends, emulated, get_recipe, qmatmul, xla_backend
 from tests.conftest import REPO
 from tests.test_train import SMALL
@@ -95,3 +95,21 @@ def test_xla_equals_emulated_up_to_accumulation_order(name):
   for got, want in zip(run("xla"), run("emulate")):
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
     assert np.all(np.abs(got - want) <= 2**-7 * np.abs(want) + 1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("options, per_dense", [(["nvfp4_4over6=all"], 3),
+                                                (["nvfp4_backward_override=high_precision"], 1),
+                                                (["nvfp4_backward_override=dequantized", "nvfp4_4over6=weights"], 1)])
+def test_nvfp4_options_lowered_for_cuda(as_if_on_a_gpu, options, per_dense):
+  """4/6 keeps every GEMM block-scaled; a backward_override leaves only fprop's, and dgrad and wgrad become bf16 x bf16
+  dots (the HLO's dot FLOPs: all but the MLP forward, whose GEMMs are the block-scaled custom calls)."""
+  cfg = _cfg("quantization=te_nvfp4", "quantization_backend=xla", *options)
+  step, args = _step_and_args(cfg)
+  exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
+      jax.export.DisabledSafetyCheck.custom_call("__op$block_scaled_dot")])(*args)
+  assert len(_block_scaled_dots(exported.mlir_module())) == per_dense * 3 * cfg.base_num_decoder_layers
+  by_dtype = hlo_dots.dot_flops_by_dtype(exported.mlir_module())
+  flops = accounting.training_flops_per_device(cfg)
+  block_scaled = flops.mlp * per_dense / 3
+  assert sum(by_dtype.values()) == pytest.approx(flops.total + flops.attention_core - block_scaled, rel=1e-9)
+  assert set(by_dtype) == {("bf16", "bf16")}, by_dtype
