@@ -168,7 +168,7 @@ def dequantize_gemm_operand(op: GemmOperand, recipe: Recipe, dtype):
     raise ValueError(f"{recipe.name}: only NVFP4 operands are dequantized for the backward")
   decode = formats.div_rn(1.0, nvfp4.global_encode_scale(op.global_scale, op.e4m3_max))
   values = op.data.astype(jnp.float32) * decode
-  return formats.round_to_bf16(values) if jnp.dtype(dtype) == jnp.bfloat16 else values.astype(dtype)
+  return formats.round_to_dtype(values, dtype)
 
 
 def dequantize_operand(q):

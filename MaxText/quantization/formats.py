@@ -133,6 +133,11 @@ def materialize(*arrays):
   return tuple(jax.lax.bitcast_convert_type(as_bits(a) // one, a.dtype) for a in arrays)
 
 
+def round_to_dtype(x, dtype):
+  """f32 `x` in `dtype`: bfloat16 by round_to_bf16 (one rounding on every backend), any other dtype by a cast."""
+  return round_to_bf16(x) if jnp.dtype(dtype) == jnp.bfloat16 else x.astype(dtype)
+
+
 @jax.jit
 def round_to_bf16(x):
   """f32 -> bfloat16, round to nearest-even on the bits (NaN stays NaN, overflow -> inf)."""

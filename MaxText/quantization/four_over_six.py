@@ -36,7 +36,6 @@ from MaxText.quantization import formats
 MODES = ("mse", "mae")
 GLOBAL_E4M3_MAX = 256.0  # TE's nvfp4_e4m3_max for 4/6 tensors (nvfp4_4over6_e4m3_use_256="all", its default)
 _E2M1_MAX = formats.E2M1.max_value
-_E4M3_MAX = formats.E4M3.max_value
 _ERROR_DENOMINATOR = _E2M1_MAX * GLOBAL_E4M3_MAX  # 1536: TE's err_denom
 _EXPONENT_AND_SIGN = np.uint32(0xFF800000)
 _FRACTION = np.uint32(0x007FFFFF)
@@ -47,16 +46,13 @@ def check_mode(mode):
     raise ValueError(f"four_over_six must be None or one of {MODES}, got {mode!r}")
 
 
-def _to_e4m3(scale):
-  return formats.round_to_grid(jnp.clip(scale, -_E4M3_MAX, _E4M3_MAX), formats.E4M3)
-
-
 def candidate_scales(block_amax_MxB, s_enc, s_dec):
   """(decode, encode), each [2, M, B]: the E4M3 block decode scales of the map-to-6 (index 0) and map-to-4 (1)
   candidates and the encode scales x is multiplied by (TE's compute_scale_pair). The candidates are stacked, not
   computed twice: one graph for both keeps compile time down."""
   base = formats.div_rn(block_amax_MxB, _E2M1_MAX) * s_enc
-  decode = _to_e4m3(base * np.float32([1.0, 1.5]).reshape(2, 1, 1))  # base * 1 = base, exactly
+  # round_to_grid saturates at E4M3's 448; base * 1 = base, exactly.
+  decode = formats.round_to_grid(base * np.float32([1.0, 1.5]).reshape(2, 1, 1), formats.E4M3)
   encode = jnp.minimum(formats.div_rn(1.0, decode * s_dec), formats.FLT_MAX)
   return formats.materialize(decode, encode)
 

@@ -152,7 +152,7 @@ def _round_blocks(x_MxBx16, encode_MxB, u_MxBx16):
 def _map_to_six(x_MxBx16, block_amax, s_enc, s_dec, u_MxBx16):
   """Plain NVFP4: (E2M1 values [M, B, 16], E4M3 decode scales [M, B]) with each block's max mapped to 6."""
   decode = jnp.minimum(block_amax * (s_enc * (1.0 / E2M1_MAX)), formats.FLT_MAX)
-  decode = formats.round_to_grid(jnp.clip(decode, -E4M3_MAX, E4M3_MAX), formats.E4M3)
+  decode = formats.round_to_grid(decode, formats.E4M3)  # saturating at 448
   encode = jnp.minimum(formats.div_rn(1.0, decode * s_dec), formats.FLT_MAX)
   decode, encode = formats.materialize(decode, encode)  # once per block, not once per element
   return _round_blocks(x_MxBx16, encode, u_MxBx16), decode

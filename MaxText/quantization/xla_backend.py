@@ -41,8 +41,7 @@ class XlaOperand(typing.NamedTuple):
   def dequantize(self, dtype):
     """NVFP4: values * block scale * 1/S_enc rounded to `dtype`, as emulated.dequantize_gemm_operand."""
     q = nvfp4.NVFP4Tensor(self.values, self.scales, self.amax, self.e4m3_max)
-    values = nvfp4.dequantize(q)
-    return formats.round_to_bf16(values) if jnp.dtype(dtype) == jnp.bfloat16 else values.astype(dtype)
+    return formats.round_to_dtype(nvfp4.dequantize(q), dtype)
 
 
 BLOCK_SCALED_FORMATS = ("nvfp4", "mxfp8", "mxfp4")
