@@ -17,7 +17,7 @@ Times are medians over --iters runs after warm-up (wall clock around block_until
 layer's causal attention FLOPs as MaxText does (MaxText/accounting.py: forward + backward = 3 x forward;
 FA2-style counts add the backward's recomputed QK^T, 3.5 x). Needs an NVIDIA GPU for the cuDNN variants:
 elsewhere it says so and exits 0 (--variants xla,layer runs the XLA ones anywhere). On an NVIDIA GPU the run
-uses MaxText/xla_flags.py's flags.
+uses scripts/xla_flags.py's flags.
 """
 
 import argparse
@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from MaxText import xla_flags  # noqa: E402  (no jax import: flags go in before jax starts its backend)
+from scripts import xla_flags  # noqa: E402  (no jax import: flags go in before jax starts its backend)
 
 VARIANTS = ("cudnn", "cudnn_mask", "layer", "layer_rope", "xla")
 CUDNN_VARIANTS = ("cudnn", "cudnn_mask")
@@ -73,7 +73,7 @@ def measure(cfg, variants, iters):
   """[{variant, ms, tflops}] of forward + backward of one layer's attention core."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from MaxText import accounting  # pylint: disable=import-outside-toplevel
+  from MaxText.model import accounting  # pylint: disable=import-outside-toplevel
   b, s, h, kv, d = (int(cfg.per_device_batch_size), cfg.max_target_length, cfg.base_num_query_heads,
                     cfg.base_num_kv_heads, cfg.head_dim)
   keys = jax.random.split(jax.random.key(0), 4)

@@ -19,7 +19,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
-from MaxText import config, preemption, train  # noqa: E402
+from MaxText import config, train  # noqa: E402
+from MaxText.runtime import preemption  # noqa: E402
 
 # Dense BF16 tensor-core peak per GPU (TFLOP/s, no sparsity) from NVIDIA's data sheets, for MFU.
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "B200": 2250.0, "GB200": 2500.0, "B300": 2250.0, "GB300": 2500.0}

@@ -42,7 +42,8 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import modes as modes_lib, packed, stats  # noqa: E402
-from MaxText import config as config_lib, preemption  # noqa: E402
+from MaxText import config as config_lib  # noqa: E402
+from MaxText.runtime import preemption  # noqa: E402
 
 DEFAULT_MODES = ["bf16", "te_fp8_currentscaling", "te_nvfp4", "te_nvfp4_no_rht", "mxfp4",
                  "te_nvfp4:disable_stochastic_rounding=true", "te_nvfp4:disable_2d_quantization=true",

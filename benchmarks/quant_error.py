@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import modes as modes_lib  # noqa: E402
-from MaxText import preemption  # noqa: E402
+from MaxText.runtime import preemption  # noqa: E402
 from MaxText.quantization.recipes import ROLES  # noqa: E402
 
 DEFAULT_MODES = ["te_nvfp4", "te_nvfp4:nvfp4_4over6=all",

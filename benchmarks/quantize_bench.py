@@ -28,7 +28,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from MaxText.quantization import emulated, get_recipe, qmatmul, quantizer_impl  # noqa: E402
+from MaxText.quantization.backends import emulated  # noqa: E402
+from MaxText.quantization import get_recipe, qmatmul  # noqa: E402
+from MaxText.quantization.kernels import quantizer_impl  # noqa: E402
 
 # name: (recipe, role, transposed operand, input dtype)
 QUANTIZERS = {

@@ -14,7 +14,7 @@ elementwise work, collectives, copies) and the attention kernels' achieved TFLOP
 causal FLOPs, forward + backward = 3 x forward). Memory per mode: the compiled step's peak device memory from
 XLA's memory analysis (the trainer's step as profiled; without a profile, compiled again on one device) and,
 on GPUs, the allocator's peak_bytes_in_use (the process's peak so far). On an NVIDIA GPU the run uses
-MaxText/xla_flags.py's flags (--no-gpu-xla-flags: only $XLA_FLAGS).
+scripts/xla_flags.py's flags (--no-gpu-xla-flags: only $XLA_FLAGS).
 """
 
 import json
@@ -30,8 +30,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from benchmarks import modes as modes_lib  # noqa: E402
-from MaxText import (accounting, config, optimizer, precision, preemption, profiling, train, train_step,  # noqa: E402
-                     xla_flags)
+from MaxText import config, precision, train  # noqa: E402
+from MaxText.model import accounting  # noqa: E402
+from MaxText.runtime import preemption  # noqa: E402
+from MaxText.trainer import optimizer, train_step  # noqa: E402
+from MaxText.trainer.hooks import profiler as profiling  # noqa: E402
+from scripts import xla_flags  # noqa: E402
 
 DEFAULT_MODES = ["bf16", "te_fp8_currentscaling", "te_nvfp4"]
 
@@ -138,7 +142,7 @@ def main(argv=None):
   parser.add_argument("--out", default="", help="run directories (default: a temporary directory)")
   parser.add_argument("--profile-steps", type=int, default=2, help="profiled steps per mode after the timed ones "
                       "(0 = no breakdown)")
-  parser.add_argument("--no-gpu-xla-flags", action="store_true", help="don't add MaxText/xla_flags.py's flags")
+  parser.add_argument("--no-gpu-xla-flags", action="store_true", help="don't add scripts/xla_flags.py's flags")
   args, overrides = parser.parse_known_args(argv)
   if args.steps <= 0 or args.warmup < 1 or args.profile_steps < 0:
     modes_lib.fail("--steps must be > 0, --warmup >= 1 (the first step compiles), --profile-steps >= 0")

@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from MaxText import accounting, config, train
+from MaxText.model import accounting
+from MaxText import config, train
 from tests.conftest import REPO
 
 LADDER = {"llama3_25m.yml": 25e6, "llama3_125m.yml": 125e6, "llama3_350m.yml": 350e6}

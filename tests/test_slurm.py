@@ -40,7 +40,7 @@ def test_dry_run_prints_the_job(gpu, nodes, model):
   assert f"--xla_gpu_all_gather_combine_threshold_bytes={2 ** 30 // (4 * nodes)}" in flags
   assert f"--xla_gpu_reduce_scatter_combine_threshold_bytes={2 ** 30 // (8 * nodes)}" in flags
   assert env["XLA_FLAGS"].split()[:2] == ["--xla_gpu_enable_latency_hiding_scheduler=true",
-                                          "--xla_gpu_enable_triton_gemm=false"]  # MaxText/xla_flags.py's
+                                          "--xla_gpu_enable_triton_gemm=false"]  # scripts/xla_flags.py's
   srun = shlex.split(lines[-1])
   assert srun[0] == "srun" and "--container-image=ghcr.io/nvidia/jax:maxtext-nvfp4" in srun
   assert srun[srun.index("train.py") - 1:srun.index("train.py") + 3] == ["python3", "train.py", model, "hardware=gpu"]
@@ -101,10 +101,10 @@ def test_help_is_help():
     proc = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith(("Submit a training job", "One training job"))
     assert "set -euo" not in proc.stdout and "#" not in proc.stdout  # the header's text, no code, no comment marks
-  flags = subprocess.run([sys.executable, str(REPO / "MaxText" / "xla_flags.py"), "--help"], capture_output=True,
+  flags = subprocess.run([sys.executable, str(REPO / "scripts" / "xla_flags.py"), "--help"], capture_output=True,
                          text=True)
   assert flags.returncode == 0 and flags.stdout.startswith("The XLA flags for NVIDIA GPUs")
-  bad = subprocess.run([sys.executable, str(REPO / "MaxText" / "xla_flags.py"), "four"], capture_output=True, text=True)
+  bad = subprocess.run([sys.executable, str(REPO / "scripts" / "xla_flags.py"), "four"], capture_output=True, text=True)
   assert bad.returncode == 2 and bad.stderr.startswith("error: expected one argument, the job's total GPU count")
 
 

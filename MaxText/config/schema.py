@@ -17,7 +17,7 @@ def _recipe_names_without_jax():
   `python -m MaxText.config --check` (submit.sh on a login node) needs only pyyaml."""
   import importlib.util  # pylint: disable=import-outside-toplevel
   spec = importlib.util.spec_from_file_location("_maxtext_recipes_only",
-                                                pathlib.Path(__file__).parent / "quantization" / "recipes.py")
+                                                pathlib.Path(__file__).parents[1] / "quantization" / "recipes.py")
   module = importlib.util.module_from_spec(spec)
   sys.modules[spec.name] = module  # dataclasses look their module up
   spec.loader.exec_module(module)

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText import sharding
+from MaxText.runtime import sharding
 from MaxText.model.attention import Attention
 from MaxText.model.layers import Embed, GemmPrecision, RMSNorm
 from MaxText.model.mlp import MLP

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText import sharding
+from MaxText.runtime import sharding
 from MaxText.model.layers import Dense, amax_history_len
 
 ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu, "linear": lambda x: x}

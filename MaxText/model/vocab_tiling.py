@@ -18,7 +18,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from MaxText import sharding
+from MaxText.runtime import sharding
 from MaxText.model.decoder import ACTIVATION_AXES, LOGITS_AXES
 
 

@@ -2,12 +2,12 @@
 
 import dataclasses
 
-from MaxText import accounting
+from MaxText.model import accounting
 from MaxText.model.decoder import ATTENTION_GEMMS, MLP_GEMMS
 from MaxText.model.layers import GemmPrecision
 from MaxText.quantization import backends, get_recipe
-from MaxText.quantization import emulated
-from MaxText.quantization import quantizer_impl
+from MaxText.quantization.backends import emulated
+from MaxText.quantization.kernels import quantizer_impl
 from MaxText.quantization import stats as quant_stats
 
 BF16 = GemmPrecision()

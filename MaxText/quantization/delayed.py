@@ -12,8 +12,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from MaxText.quantization import emulated
-from MaxText.quantization import formats
+from MaxText.quantization.backends import emulated
+from MaxText.quantization.formats import grids as formats
 from MaxText.quantization import qdot
 from MaxText.quantization.recipes import Recipe
 

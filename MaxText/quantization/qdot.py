@@ -13,10 +13,10 @@ from jax.ad_checkpoint import checkpoint_name
 
 from MaxText.quantization import backends
 from MaxText.quantization import dots
-from MaxText.quantization import emulated
+from MaxText.quantization.backends import emulated
 from MaxText.quantization import stats as stats_lib
-from MaxText.quantization import te_backend
-from MaxText.quantization import xla_backend
+from MaxText.quantization.backends import te as te_backend
+from MaxText.quantization.backends import xla as xla_backend
 from MaxText.quantization.recipes import Recipe
 
 _FIXED_KEY = 0  # feeds SR-free recipes, which never draw from it

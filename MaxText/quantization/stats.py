@@ -15,9 +15,9 @@ per-tensor FP8 is reported over 16-element groups so its numbers compare with NV
 
 import jax.numpy as jnp
 
-from MaxText.quantization import emulated
-from MaxText.quantization import formats
-from MaxText.quantization import nvfp4
+from MaxText.quantization.backends import emulated
+from MaxText.quantization.formats import grids as formats
+from MaxText.quantization.formats import nvfp4
 from MaxText.quantization.recipes import ROLES, Recipe
 
 STATS = ("rel_err", "saturated", "underflow")

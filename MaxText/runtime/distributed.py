@@ -16,7 +16,7 @@ import time
 
 import jax
 
-from MaxText import preemption
+from MaxText.runtime import preemption
 
 HELLO = "maxtext rank {rank} of {count}\n"
 POLL_SECONDS = 0.5

@@ -127,7 +127,7 @@ def param_specs(params, mesh_sizes):
   def spec(path, leaf):
     name = param_path(path)
     if name not in PARAM_AXES:
-      raise ShardingError(f"parameter {name} has no logical axes in MaxText/sharding.py PARAM_AXES")
+      raise ShardingError(f"parameter {name} has no logical axes in MaxText/runtime/sharding.py PARAM_AXES")
     return logical_to_spec(PARAM_AXES[name], leaf.shape, mesh_sizes, what=f"parameter {name}")
   return jax.tree_util.tree_map_with_path(spec, params)
 

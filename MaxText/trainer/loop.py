@@ -18,11 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from MaxText import (checkpointing, compile_cache, config as config_lib, data, distributed, metrics, precision,
-                     preemption, preflight, run_setup, sharding)
+from MaxText import checkpointing, config as config_lib, data, precision
+from MaxText.runtime import compile_cache, distributed, preemption, sharding
+from MaxText.trainer.hooks import metrics
+from MaxText.trainer import preflight, run_setup
 from MaxText.errors import UserError
 from MaxText.quantization import backends
-from MaxText.run_lock import RunLockError
+from MaxText.runtime.run_lock import RunLockError
 
 # Names kept for callers of the trainer's module.
 abstract_model = run_setup.abstract_model

@@ -7,7 +7,9 @@ import os
 import jax
 import numpy as np
 
-from MaxText import accounting, precision, sharding
+from MaxText.model import accounting
+from MaxText import precision
+from MaxText.runtime import sharding
 from MaxText.errors import UserError
 
 

@@ -13,8 +13,11 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from MaxText import (accounting, checkpointing, data, metrics, optimizer, precision, prefetch, profiling, run_lock,
-                     sharding, train_step)
+from MaxText.model import accounting
+from MaxText import checkpointing, data, precision
+from MaxText.trainer.hooks import metrics, profiler as profiling
+from MaxText.trainer import optimizer, train_step
+from MaxText.runtime import prefetch, run_lock, sharding
 from MaxText.errors import UserError
 from MaxText.model.decoder import Transformer
 

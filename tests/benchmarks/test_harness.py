@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from benchmarks import attention_bench, modes, parity, quant_error, throughput
-from MaxText import accounting, config
+from MaxText.model import accounting
+from MaxText import config
 from tests.conftest import REPO
-from tests.test_train import SMALL
+from tests.trainer.test_train import SMALL
 
 
 def test_parse_mode(capsys):

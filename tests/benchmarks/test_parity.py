@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import packed, parity, stats
 from tests.conftest import REPO
-from tests.test_train import SMALL
+from tests.trainer.test_train import SMALL
 
 # Student t 97.5% quantiles (two-sided 95%) from the standard tables.
 T975 = {1: 12.7062047, 2: 4.30265273, 3: 3.18244631, 4: 2.77644511, 5: 2.57058184, 9: 2.26215716,

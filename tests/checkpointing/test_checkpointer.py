@@ -12,10 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-from MaxText import checkpointing, config, metrics, train
+from MaxText import checkpointing, config, train
+from MaxText.trainer.hooks import metrics
 from tests.conftest import REPO
 from tests.data.corpus import grain_overrides
-from tests.test_train import SMALL
+from tests.trainer.test_train import SMALL
 
 
 def _cfg(tmp_path, *extra, run="r"):

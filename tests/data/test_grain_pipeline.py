@@ -11,7 +11,7 @@ import pytest
 from MaxText import config, data, train
 from MaxText.data import tokenizers
 from tests.data.corpus import REPO, grain_overrides, make_corpus, write_shard
-from tests.test_train import SMALL
+from tests.trainer.test_train import SMALL
 
 
 def _cfg(corpus, *extra):

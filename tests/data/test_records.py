@@ -8,7 +8,7 @@ import pytest
 from MaxText import config, data
 from MaxText.data import records
 from tests.data.corpus import REPO, write_shard
-from tests.test_train import SMALL
+from tests.trainer.test_train import SMALL
 
 WORDS = ("romeo", "juliet", "light", "window", "east", "sun", "question", "fortune")
 

@@ -4,9 +4,10 @@ import jax
 import numpy as np
 import pytest
 
-from MaxText import config, precision, train, train_step
+from MaxText import config, precision, train
+from MaxText.trainer import train_step
 from tests.conftest import REPO
-from tests.test_train import SMALL
+from tests.trainer.test_train import SMALL
 
 
 def _cfg(*extra, tmp=None):
@@ -162,8 +163,8 @@ def test_plan_shows_the_nvfp4_options_and_the_flops_they_leave_in_bf16(monkeypat
 
 @pytest.mark.parametrize("override", ["high_precision", "dequantized"])
 def test_backward_override_step_quantizes_fprop_only_and_runs_bf16_gemms(override):
-  from tests.test_train_step import _count_calls, _step_and_args  # pylint: disable=import-outside-toplevel
-  from MaxText import hlo_dots  # pylint: disable=import-outside-toplevel
+  from tests.trainer.test_train_step import _count_calls, _step_and_args  # pylint: disable=import-outside-toplevel
+  from tests import hlo_dots  # pylint: disable=import-outside-toplevel
   for remat in ("none", "minimal_with_quantization"):
     cfg = _cfg("quantization=te_nvfp4", f"nvfp4_backward_override={override}", "scan_layers=false",
                "gradient_accumulation_steps=1", f"remat_policy={remat}")

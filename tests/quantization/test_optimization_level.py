@@ -13,7 +13,9 @@ from tests.conftest import REPO, TEST_XLA_FLAGS
 SCRIPT = r"""
 import sys
 import jax, jax.numpy as jnp, numpy as np
-from MaxText.quantization import emulated, get_recipe, nvfp4
+from MaxText.quantization.backends import emulated
+from MaxText.quantization import get_recipe
+from MaxText.quantization.formats import nvfp4
 
 def everything(x, w, dy, key):
   # The quantizers' distinct paths: 1x16 with RHT and SR, 16x16 tiles of an f32 weight, Four Over Six (mse with RHT

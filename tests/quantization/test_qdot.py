@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from MaxText.quantization import backends, delayed, emulated, formats, get_recipe, nvfp4, qdense, qmatmul, recipe_names
+from MaxText.quantization import backends, delayed, get_recipe, qdense, qmatmul, recipe_names
+from MaxText.quantization.backends import emulated
+from MaxText.quantization.formats import grids as formats, nvfp4
 from tests.conftest import division_modes, golden_params
 
 
@@ -138,7 +140,7 @@ def _bf16_dot(a, b, dims):
 
 def _quantizations(recipe, x, w, dy):
   """How many operand quantizations one forward + backward of qmatmul runs (quantize_for_gemm calls)."""
-  from tests.test_train_step import _count_calls  # pylint: disable=import-outside-toplevel
+  from tests.trainer.test_train_step import _count_calls  # pylint: disable=import-outside-toplevel
   grads = lambda x, w: jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=jax.random.key(1)), x, w)[1](dy)
   return _count_calls(jax.make_jaxpr(grads)(x, w).jaxpr, "quantize_for_gemm")
 

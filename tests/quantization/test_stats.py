@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from MaxText.quantization import emulated, formats, get_recipe, nvfp4, qmatmul, stats
+from MaxText.quantization.backends import emulated
+from MaxText.quantization.formats import grids as formats, nvfp4
+from MaxText.quantization import get_recipe, qmatmul, stats
 
 NVFP4 = get_recipe("te_nvfp4")
 FP8 = get_recipe("te_fp8_currentscaling")

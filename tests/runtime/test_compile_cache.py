@@ -4,9 +4,10 @@ import os
 
 import jax
 
-from MaxText import compile_cache, config, train
+from MaxText.runtime import compile_cache
+from MaxText import config, train
 from tests.conftest import REPO
-from tests.test_train import SMALL
+from tests.trainer.test_train import SMALL
 
 
 def _entries(path):

@@ -11,9 +11,10 @@ import threading
 import jax
 import pytest
 
-from MaxText import config, distributed, train
+from MaxText import config, train
+from MaxText.runtime import distributed
 from tests.conftest import REPO, cpu_subprocess_env
-from tests.test_train import SMALL
+from tests.trainer.test_train import SMALL
 
 LOSS = re.compile(r"^completed step: \d+, .* loss: ([\d.]+)$", re.M)
 
@@ -147,7 +148,7 @@ def test_a_platform_that_is_not_there_is_one_line(tmp_path):
 
 def test_a_stop_request_ends_the_wait_for_other_processes():
   """SIGTERM/SIGINT while a process waits for the others (up to the timeout): it stops at once, with the reason."""
-  from MaxText import preemption  # pylint: disable=import-outside-toplevel
+  from MaxText.runtime import preemption  # pylint: disable=import-outside-toplevel
   try:
     with preemption.installed():
       preemption.request()

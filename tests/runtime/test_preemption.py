@@ -10,7 +10,7 @@ from tests.conftest import REPO
 
 _SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
-    from MaxText import preemption
+    from MaxText.runtime import preemption
     with preemption.installed():
       os.kill(os.getpid(), signal.{sig})
       time.sleep(0.1)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from MaxText import prefetch
+from MaxText.runtime import prefetch
 
 
 class _Counting:

@@ -6,13 +6,13 @@ import sys
 
 import pytest
 
-from MaxText import run_lock
+from MaxText.runtime import run_lock
 from tests.conftest import REPO
 
 
 def _hold(run_dir):
   """A process that takes the lock, says so, and waits for stdin to close."""
-  code = (f"import sys; from MaxText import run_lock; lock = run_lock.RunLock({str(run_dir)!r}).acquire(); "
+  code = (f"import sys; from MaxText.runtime import run_lock; lock = run_lock.RunLock({str(run_dir)!r}).acquire(); "
           "print('held', flush=True); sys.stdin.read()")
   proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           text=True)

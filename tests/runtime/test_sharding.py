@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from MaxText import config, sharding
+from MaxText import config
+from MaxText.runtime import sharding
 from tests.conftest import REPO, cpu_subprocess_env
-from tests.test_train import SMALL
+from tests.trainer.test_train import SMALL
 
 
 def _cfg(*extra):
@@ -31,7 +32,7 @@ def test_mesh_shape_from_ici_and_dcn_keys():
 def test_param_specs_and_block_checks():
   import jax
   from jax.sharding import PartitionSpec as P
-  from MaxText.run_setup import abstract_model
+  from MaxText.trainer.run_setup import abstract_model
   _, params, _ = abstract_model(_cfg())
   specs = sharding.param_specs(params, {"data": 1, "fsdp": 4, "context": 1, "tensor": 2})
   flat = {sharding.param_path(p): s for p, s in jax.tree_util.tree_flatten_with_path(
@@ -59,7 +60,8 @@ SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from MaxText import config, train, sharding
+from MaxText import config, train
+from MaxText.runtime import sharding
 from MaxText.quantization import get_recipe, qmatmul
 small, meshes, tmp = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 out = {}

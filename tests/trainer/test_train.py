@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from MaxText import config, run_setup, train
+from MaxText import config, train
+from MaxText.trainer import run_setup
 from tests.conftest import JAX_CACHE, REPO
 
 # vocab_size: the byte tokenizer's 258, so the grain-data tests compile the same programs as the synthetic ones.

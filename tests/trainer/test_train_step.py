@@ -11,10 +11,13 @@ import pytest
 from flax import nnx
 from jax.extend import core as jex_core
 
-from MaxText import accounting, config, hlo_dots, optimizer, precision, train, train_step
+from MaxText.model import accounting
+from MaxText import config, precision, train
+from tests import hlo_dots
+from MaxText.trainer import optimizer, train_step
 from MaxText.model.decoder import Transformer
 from tests.conftest import REPO
-from tests.test_train import SMALL
+from tests.trainer.test_train import SMALL
 
 # Unrolled layers and one micro-batch: every dot of the step appears once in the HLO.
 UNROLLED = SMALL + ["scan_layers=false", "gradient_accumulation_steps=1"]

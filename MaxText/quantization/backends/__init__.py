@@ -3,8 +3,8 @@
 import functools
 import logging
 
-from MaxText.quantization import te_backend
-from MaxText.quantization import xla_backend
+from MaxText.quantization.backends import te as te_backend
+from MaxText.quantization.backends import xla as xla_backend
 from MaxText.quantization.errors import BackendError
 from MaxText.quantization.recipes import Recipe
 

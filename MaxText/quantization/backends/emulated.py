@@ -14,9 +14,9 @@ import typing
 import jax
 import jax.numpy as jnp
 
-from MaxText.quantization import formats
-from MaxText.quantization import nvfp4
-from MaxText.quantization import quantizer_impl
+from MaxText.quantization.formats import grids as formats
+from MaxText.quantization.formats import nvfp4
+from MaxText.quantization.kernels import quantizer_impl
 from MaxText.quantization.recipes import Recipe
 
 MX_BLOCK = 32
@@ -112,7 +112,7 @@ def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
 def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, transpose, interpret):
   """quantize_for_gemm's Pallas path (same bits), or None where the kernels don't cover the operand."""
   # Imported here: Pallas takes ~0.7 s to import, and only the kernel path needs it.
-  from MaxText.quantization import pallas_quantize  # pylint: disable=import-outside-toplevel
+  from MaxText.quantization.kernels import pallas_quantize  # pylint: disable=import-outside-toplevel
   rows, cols = x.shape[::-1] if transpose else x.shape
   where = dict(transpose=transpose, interpret=interpret)
   if recipe.format == "nvfp4":

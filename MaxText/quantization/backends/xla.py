@@ -15,9 +15,9 @@ import typing
 import jax
 import jax.numpy as jnp
 
-from MaxText.quantization import emulated
-from MaxText.quantization import formats
-from MaxText.quantization import nvfp4
+from MaxText.quantization.backends import emulated
+from MaxText.quantization.formats import grids as formats
+from MaxText.quantization.formats import nvfp4
 from MaxText.quantization.recipes import Recipe
 
 NATIVE_MIN_SM = 100  # cuDNN's block-scaled FP4 GEMM: Blackwell
@@ -60,7 +60,7 @@ def unavailable_reason(recipe: Recipe, platform=None):
 
 def native(recipe: Recipe):
   """Whether the block-scaled dot becomes a real FP4 GEMM here (what `auto` needs to prefer it)."""
-  from MaxText.quantization import te_backend  # pylint: disable=import-outside-toplevel
+  from MaxText.quantization.backends import te as te_backend  # pylint: disable=import-outside-toplevel
   sm = te_backend.gpu_compute_capability()
   return unavailable_reason(recipe) is None and sm is not None and sm >= NATIVE_MIN_SM
 

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from MaxText.quantization import formats
+from MaxText.quantization.formats import grids as formats
 
 MODES = ("mse", "mae")
 GLOBAL_E4M3_MAX = 256.0  # TE's nvfp4_e4m3_max for 4/6 tensors (nvfp4_4over6_e4m3_use_256="all", its default)

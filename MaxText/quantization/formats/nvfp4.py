@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from MaxText.quantization import formats
-from MaxText.quantization import four_over_six as fos
+from MaxText.quantization.formats import grids as formats
+from MaxText.quantization.formats import four_over_six as fos
 
 BLOCK = 16
 E2M1_MAX = formats.E2M1.max_value

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from MaxText.quantization import formats
-from MaxText.quantization import nvfp4
+from MaxText.quantization.formats import grids as formats
+from MaxText.quantization.formats import nvfp4
 
 _ABS_MASK = np.uint32(0x7FFFFFFF)
 _SIGN_BIT = np.uint32(0x80000000)

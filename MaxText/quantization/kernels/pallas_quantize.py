@@ -19,11 +19,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from MaxText.quantization import formats
-from MaxText.quantization import kernel_math as km
-from MaxText.quantization import nvfp4
-from MaxText.quantization import pallas_layout
-from MaxText.quantization import threefry
+from MaxText.quantization.formats import grids as formats
+from MaxText.quantization.kernels import kernel_math as km
+from MaxText.quantization.formats import nvfp4
+from MaxText.quantization.kernels import pallas_layout
+from MaxText.quantization.kernels import threefry
 
 NVFP4_BLOCK = nvfp4.BLOCK
 MX_BLOCK = 32

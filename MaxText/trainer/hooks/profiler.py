@@ -22,7 +22,7 @@ import re
 
 import jax
 
-from MaxText import accounting
+from MaxText.model import accounting
 from MaxText.config import ConfigError
 
 CATEGORIES = ("gemm", "attention", "quantization/elementwise", "collective", "copy/transpose", "other")

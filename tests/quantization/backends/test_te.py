@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from MaxText.quantization import get_recipe, qmatmul, te_backend
+from MaxText.quantization import get_recipe, qmatmul
+from MaxText.quantization.backends import te as te_backend
 
 
 @pytest.mark.parametrize("name", ["te_nvfp4", "te_nvfp4_no_rht", "te_fp8_currentscaling", "te_mxfp8"])

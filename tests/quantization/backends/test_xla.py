@@ -8,11 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from MaxText import accounting, hlo_dots, precision, train
-from MaxText.quantization import backends, emulated, get_recipe, qmatmul, xla_backend
+from MaxText.model import accounting
+from tests import hlo_dots
+from MaxText import precision, train
+from MaxText.quantization import backends, get_recipe, qmatmul
+from MaxText.quantization.backends import emulated, xla as xla_backend
 from tests.conftest import REPO
-from tests.test_train import SMALL
-from tests.test_train_step import _cfg, _step_and_args
+from tests.trainer.test_train import SMALL
+from tests.trainer.test_train_step import _cfg, _step_and_args
 
 ON_GPU = jax.default_backend() == "gpu"
 

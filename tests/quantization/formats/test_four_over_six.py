@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from MaxText.quantization import formats, four_over_six, nvfp4
-from tests.quantization import four_over_six_reference as ref
+from MaxText.quantization.formats import grids as formats, four_over_six, nvfp4
+from tests.quantization.formats import four_over_six_reference as ref
 from tests.quantization.gpu_division import gpu_like_division
 
 TILES = {"1x16": (1, 16), "16x16": (16, 16)}

@@ -6,7 +6,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from MaxText.quantization import RECIPES, delayed, emulated, formats, get_recipe, nvfp4, qmatmul
+from MaxText.quantization import RECIPES, delayed, get_recipe, qmatmul
+from MaxText.quantization.backends import emulated
+from MaxText.quantization.formats import grids as formats, nvfp4
 from tests.quantization.gpu_division import gpu_like_division
 
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from MaxText.quantization import nvfp4
+from MaxText.quantization.formats import nvfp4
 from tests.conftest import division_modes, golden_params
 
 E2M1_GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)

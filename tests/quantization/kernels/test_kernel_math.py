@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from MaxText.quantization import formats, nvfp4
-from MaxText.quantization import kernel_math as km
-from tests.quantization.test_formats import _random_f32, _same_bits
+from MaxText.quantization.formats import grids as formats, nvfp4
+from MaxText.quantization.kernels import kernel_math as km
+from tests.quantization.formats.test_grids import _random_f32, _same_bits
 
 
 def _values(n=100_000):

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import pytest
 
 from MaxText import precision
-from MaxText.quantization import delayed, get_recipe, pallas_quantize, qmatmul, quantizer_impl
-from tests.test_train_step import _cfg, _step_and_args
+from MaxText.quantization import delayed, get_recipe, qmatmul
+from MaxText.quantization.kernels import pallas_quantize, quantizer_impl
+from tests.trainer.test_train_step import _cfg, _step_and_args
 
 TRITON = "__gpu$xla.gpu.triton"
 M, K, N = 64, 96, 32

@@ -10,7 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from MaxText.quantization import delayed, emulated, formats, get_recipe, nvfp4, pallas_quantize, qmatmul
+from MaxText.quantization import delayed, get_recipe, qmatmul
+from MaxText.quantization.backends import emulated
+from MaxText.quantization.formats import grids as formats, nvfp4
+from MaxText.quantization.kernels import pallas_quantize
 from tests.conftest import division_modes, golden_params
 from tests.quantization.gpu_division import gpu_like_division
 

@@ -5,10 +5,10 @@ import jax
 import pytest
 
 from MaxText import precision, train
-from MaxText.quantization import quantizer_impl
+from MaxText.quantization.kernels import quantizer_impl
 from MaxText.quantization.errors import BackendError
 from tests.conftest import REPO
-from tests.test_train import SMALL
+from tests.trainer.test_train import SMALL
 
 ON_NVIDIA = quantizer_impl.unavailable_reason() is None
 
@@ -39,7 +39,7 @@ def test_pallas_where_it_cannot_run_is_one_line(capsys):
 
 
 def test_the_plan_shows_who_quantizes():
-  from tests.test_train_step import _cfg  # pylint: disable=import-outside-toplevel
+  from tests.trainer.test_train_step import _cfg  # pylint: disable=import-outside-toplevel
   cfg = _cfg("quantization=te_nvfp4", "quantization_kernels=xla")
   text = precision.format_plan(precision.plan_from_config(cfg), cfg)
   assert "gate                       0-1      te_nvfp4                 emulated  xla" in text

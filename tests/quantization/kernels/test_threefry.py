@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from MaxText.quantization import threefry
+from MaxText.quantization.kernels import threefry
 
 
 def test_words_are_jax_random_bits():

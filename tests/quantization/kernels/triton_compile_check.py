@@ -1,6 +1,6 @@
 """Compile every quantization kernel's Triton IR to a GPU binary without a GPU (a check beyond jax.export's lowering).
 
-    python -m tests.quantization.triton_compile_check --triton-python /path/to/venv-with-triton/bin/python \
+    python -m tests.quantization.kernels.triton_compile_check --triton-python /path/to/venv-with-triton/bin/python \
         [--arch 90,100] [--out DIR]
 
 Lowering (what the export tests check) builds the Triton IR; Triton's own pipeline can still reject it
@@ -43,7 +43,8 @@ def dump_ttir(out_dir, shapes=(256, 512, 384)):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from jax._src.pallas.triton import pallas_call_registration as registration  # pylint: disable=import-outside-toplevel
-  from MaxText.quantization import get_recipe, qmatmul, quantizer_impl  # pylint: disable=import-outside-toplevel
+  from MaxText.quantization import get_recipe, qmatmul  # pylint: disable=import-outside-toplevel
+  from MaxText.quantization.kernels import quantizer_impl
   lower = registration.lowering.lower_jaxpr_to_triton_module
   seen = {}
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from MaxText import profiling
+from MaxText.trainer.hooks import profiler as profiling
 
 # Shaped like XLA's optimized GPU HLO: cuBLAS and cuBLASLt FP8 GEMM custom calls, a Triton GEMM fusion,
 # cuDNN attention, a collective, a transpose-only fusion and a quantizer's elementwise fusion.

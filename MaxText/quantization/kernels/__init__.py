@@ -1,0 +1,1 @@
+"""Pallas (Triton) kernels for the operand quantizers, and which implementation runs them."""
