@@ -29,8 +29,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from MaxText.quantization.backends import emulated  # noqa: E402
-from MaxText.quantization import get_recipe, qmatmul  # noqa: E402
+from MaxText.quantization import backends, get_recipe, qmatmul  # noqa: E402
 from MaxText.quantization.kernels import quantizer_impl  # noqa: E402
+from MaxText.quantization.kernels.quantizer_impl import Kernels  # noqa: E402
 
 # name: (recipe, role, transposed operand, input dtype)
 QUANTIZERS = {
@@ -80,7 +81,7 @@ def bench_quantizers(rows, cols, impls, iters):
     recipe = get_recipe(recipe_name, **(FOUR_OVER_SIX_KNOBS if name.endswith(FOUR_OVER_SIX) else {}))
     for impl in impls:
       fn = jax.jit(lambda a, k, recipe=recipe, role=role, transposed=transposed, impl=impl:
-                   emulated.quantize_for_gemm(a, recipe, role, k, kernels=impl, transpose=transposed))
+                   emulated.quantize_for_gemm(a, recipe, role, k, kernels=Kernels(impl), transpose=transposed))
       t = _seconds_per_call(fn, operand, key, iters=iters)
       gb_s = (operand.nbytes + _nbytes(jax.eval_shape(fn, operand, key))) / t / 1e9
       out.append({"quantizer": name, "impl": impl, "ms": t * 1e3, "gb_s": gb_s, "pct_copy": 100 * gb_s / copy_gb_s})
@@ -95,7 +96,7 @@ def _fwd_bwd(recipe, kernels):
   # A random output cotangent, as in training: with sum()'s constant ones XLA would constant-fold the
   # gradient's quantization at compile time and time less than a training step does.
   def fwd_bwd(x, w, dy, key):
-    _, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=key, backend="emulate", kernels=kernels), x, w)
+    _, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=key, backend=backends.Choice.EMULATE, kernels=Kernels(kernels)), x, w)
     return vjp(dy)
   return jax.jit(fwd_bwd)
 

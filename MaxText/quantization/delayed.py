@@ -13,8 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from MaxText.quantization.backends import emulated
-from MaxText.quantization.formats import grids as formats
-from MaxText.quantization import qdot
+from MaxText.quantization.backends.base import name_for_remat
+from MaxText.quantization.formats import Format, fp8, grids
+from MaxText.quantization.kernels.quantizer_impl import Kernels
 from MaxText.quantization.recipes import Recipe
 
 ROWS = {"x": 0, "w": 1, "dy": 2}
@@ -26,8 +27,8 @@ def init_history(recipe: Recipe):
 
 
 def _scale_from_history(history_H, recipe: Recipe, grid):
-  amax = history_H[0] if recipe.amax_compute_algo == "most_recent" else formats.abs_max(history_H)
-  return emulated.per_tensor_fp8_scale(amax, grid)
+  amax = history_H[0] if recipe.amax_compute_algo == "most_recent" else grids.abs_max(history_H)
+  return fp8.per_tensor_scale(amax, grid)
 
 
 def _push(history_H, amax):
@@ -50,8 +51,8 @@ def _fwd(x_MxK, w_KxN, history_3xH, recipe, w_dtype, kernels):
   x_op = _quantize(x_MxK, recipe, "x", history_3xH, kernels)
   w_op = _quantize(w_KxN, recipe, "w", history_3xH, kernels, transpose=True)
   y = emulated.gemm(x_op, w_op, recipe).astype(x_MxK.dtype)
-  amax = lambda t: formats.abs_max(t.astype(jnp.float32))
-  residuals = (qdot.name_for_remat(x_op.T), qdot.name_for_remat(w_op.T), history_3xH, amax(x_MxK), amax(w_KxN))
+  amax = lambda t: grids.abs_max(t.astype(jnp.float32))
+  residuals = (name_for_remat(x_op.T), name_for_remat(w_op.T), history_3xH, amax(x_MxK), amax(w_KxN))
   return y, residuals
 
 
@@ -60,7 +61,7 @@ def _bwd(recipe, w_dtype, kernels, residuals, dy_MxN):
   dy_op = _quantize(dy_MxN, recipe, "dy", history_3xH, kernels)
   dx = emulated.gemm(dy_op, w_t_op, recipe).astype(dy_MxN.dtype)
   dw = emulated.gemm(x_t_op, dy_op.T, recipe)
-  amax_dy = formats.abs_max(dy_MxN.astype(jnp.float32))
+  amax_dy = grids.abs_max(dy_MxN.astype(jnp.float32))
   new_history = jnp.stack([_push(history_3xH[0], amax_x), _push(history_3xH[1], amax_w),
                            _push(history_3xH[2], amax_dy)])
   return dx, dw.astype(dy_MxN.dtype).astype(w_dtype), new_history
@@ -69,9 +70,9 @@ def _bwd(recipe, w_dtype, kernels, residuals, dy_MxN):
 _qmatmul_delayed.defvjp(_fwd, _bwd)
 
 
-def qmatmul_delayed(x, w, recipe: Recipe, history_3xH, kernels="auto"):
+def qmatmul_delayed(x, w, recipe: Recipe, history_3xH, kernels=Kernels.AUTO):
   """x [M, K] . w [K, N] in per-tensor FP8 with scales from `history_3xH`; grad of history = new history.
   `kernels`: the quantizers' implementation, as for qmatmul."""
-  if recipe.format != "fp8_delayed":
+  if recipe.format is not Format.FP8_DELAYED:
     raise ValueError(f"qmatmul_delayed needs a delayed-scaling recipe, got {recipe.name!r}")
   return _qmatmul_delayed(x, w, history_3xH, recipe, jnp.dtype(w.dtype), kernels)

@@ -16,8 +16,9 @@ per-tensor FP8 is reported over 16-element groups so its numbers compare with NV
 import jax.numpy as jnp
 
 from MaxText.quantization.backends import emulated
-from MaxText.quantization.formats import grids as formats
+from MaxText.quantization.formats import grids
 from MaxText.quantization.formats import nvfp4
+from MaxText.quantization.formats.tensor import QuantizedTensor
 from MaxText.quantization.recipes import ROLES, Recipe
 
 STATS = ("rel_err", "saturated", "underflow")
@@ -28,12 +29,13 @@ def _blocks(a_MxK, block):
   return jnp.pad(a_MxK, ((0, 0), (0, (-k) % block))).reshape(m, -1, block)
 
 
-def _element_scale(q):
-  """The decode scale each element of q was quantized with, [M, K] (or a scalar)."""
-  if isinstance(q, nvfp4.NVFP4Tensor):
-    n = q.values.shape[1]
-    return jnp.repeat(q.scales.astype(jnp.float32), nvfp4.BLOCK, axis=1)[:, :n] * nvfp4.decode_scale(q)
-  return q.scale
+def _element_scale(q: QuantizedTensor):
+  """The decode scale each element of q was quantized with, [M, K] (or a scalar for per-tensor scaling)."""
+  if q.tile is None:
+    return q.global_scale
+  n = q.values.shape[1]
+  scales = jnp.repeat(q.scales.astype(jnp.float32), q.tile[1], axis=1)[:, :n]
+  return scales * nvfp4.decode_scale(q) if q.tile[1] == nvfp4.BLOCK else scales
 
 
 def operand_stats(x_MxK, recipe: Recipe, role: str, q=None):
@@ -46,10 +48,10 @@ def operand_stats(x_MxK, recipe: Recipe, role: str, q=None):
   deq = emulated.dequantize_operand(q)
   ref_norm = jnp.sqrt(jnp.sum(ref * ref))
   rel_err = jnp.where(ref_norm > 0, jnp.sqrt(jnp.sum((deq - ref) ** 2)) / jnp.maximum(ref_norm, 1e-38), 0.0)
-  block = emulated.block_size(recipe) or nvfp4.BLOCK
+  block = recipe.block_size or nvfp4.BLOCK
   scale = jnp.broadcast_to(_element_scale(q), ref.shape)
   # A zero scale is an underflow (counted below), not a saturation.
-  clipped = (jnp.abs(ref) > formats.saturation_threshold(emulated.element_grid(recipe, role)) * scale) & (scale > 0)
+  clipped = (jnp.abs(ref) > grids.saturation_threshold(emulated.element_grid(recipe, role)) * scale) & (scale > 0)
   clipped = _blocks(clipped.astype(jnp.float32), block)
   ref_blocks, deq_blocks = _blocks(ref, block), _blocks(deq, block)
   flushed = jnp.any(ref_blocks != 0, axis=-1) & jnp.all(deq_blocks == 0, axis=-1)

@@ -20,13 +20,13 @@ from MaxText.quantization.formats import nvfp4
 def everything(x, w, dy, key):
   # The quantizers' distinct paths: 1x16 with RHT and SR, 16x16 tiles of an f32 weight, Four Over Six (mse with RHT
   # and SR, mae on tiles), MX's power-of-two scales (FP8's casts are MXFP8's elements).
-  quantize = lambda a, **kw: nvfp4.quantize(a, **kw)[:3]
+  quantize = lambda a, **kw: (lambda q: (q.values, q.scales, q.global_scale))(nvfp4.quantize(a, **kw))
+  mx = lambda a, name: (lambda q: (q.values, q.scales))(emulated.quantize_operand(a, get_recipe(name), "x"))
   return {"1x16 rht sr": quantize(dy, rht=True, stochastic_rounding=True, key=key),
           "16x16": quantize(w, tile=(16, 16)),
           "4/6 mse rht sr": quantize(x, rht=True, stochastic_rounding=True, key=key, four_over_six="mse"),
           "4/6 mae 16x16": quantize(w, tile=(16, 16), four_over_six="mae"),
-          "mxfp4": emulated.quantize_operand(x, get_recipe("mxfp4"), "x"),
-          "mxfp8": emulated.quantize_operand(x, get_recipe("te_mxfp8"), "x")}
+          "mxfp4": mx(x, "mxfp4"), "mxfp8": mx(x, "te_mxfp8")}
 
 kx, kw, kd = jax.random.split(jax.random.key(0), 3)
 x = (jax.random.normal(kx, (64, 128)) * jnp.exp(jax.random.normal(kw, (64, 1)))).astype(jnp.bfloat16)

@@ -7,7 +7,8 @@ import pytest
 
 from MaxText.quantization import backends, delayed, get_recipe, qdense, qmatmul, recipe_names
 from MaxText.quantization.backends import emulated
-from MaxText.quantization.formats import grids as formats, nvfp4
+from MaxText.quantization.formats import grids, nvfp4
+from MaxText.quantization.kernels.quantizer_impl import Kernels
 from tests.conftest import division_modes, golden_params
 
 
@@ -114,11 +115,11 @@ def test_backend_falls_back_to_emulation_without_te(caplog):
   r = get_recipe("te_nvfp4")
   backends.resolve.cache_clear()
   with caplog.at_level("WARNING"):
-    assert backends.resolve(r, "auto") == "emulated"
+    assert backends.resolve(r, backends.Choice.AUTO) is backends.EMULATED
   assert "running emulated NVFP4 numerics" in caplog.text
-  assert backends.resolve(get_recipe(""), "auto") == "bf16"
+  assert backends.resolve(get_recipe(""), backends.Choice.AUTO) is backends.BF16
   with pytest.raises(ValueError, match="quantization_backend=te"):
-    backends.resolve(r, "te")
+    backends.resolve(r, backends.Choice.TE)
 
 
 def test_mx_needs_blocks_of_32():
@@ -162,8 +163,8 @@ def test_backward_override_dequantized_reuses_the_forward_quantized_operands():
   _, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=jax.random.key(1)), x, w)
   dx, dw = vjp(dy)
   # The forward's operands, dequantized independently: x in 1x16 blocks, w^T in 16x16 tiles with Four Over Six.
-  x_hat = formats.round_to_bf16(nvfp4.dequantize(nvfp4.quantize(x)))
-  w_hat = formats.round_to_bf16(nvfp4.dequantize(nvfp4.quantize(w.T, tile=(16, 16), four_over_six="mse")))
+  x_hat = grids.round_to_bf16(nvfp4.dequantize(nvfp4.quantize(x)))
+  w_hat = grids.round_to_bf16(nvfp4.dequantize(nvfp4.quantize(w.T, tile=(16, 16), four_over_six="mse")))
   np.testing.assert_array_equal(dx, _bf16_dot(dy, w_hat, ((1,), (0,))))
   np.testing.assert_array_equal(dw, _bf16_dot(x_hat, dy, ((0,), (0,))).astype(jnp.float32))
   assert _quantizations(recipe, x, w, dy) == 2
@@ -191,11 +192,11 @@ def test_four_over_six_reaches_dgrad_and_wgrad():
 def test_four_over_six_operands_skip_the_pallas_kernels():
   x, _, _ = _operands()
   recipe = get_recipe("te_nvfp4", nvfp4_4over6="activations")
-  jaxpr = jax.make_jaxpr(lambda x: emulated.quantize_for_gemm(x, recipe, "x", kernels="interpret"))(x)
+  jaxpr = jax.make_jaxpr(lambda x: emulated.quantize_for_gemm(x, recipe, "x", kernels=Kernels.INTERPRET))(x)
   assert "pallas_call" not in str(jaxpr)
-  got = emulated.quantize_for_gemm(x, recipe, "x", kernels="interpret")
-  want = emulated.quantize_for_gemm(x, recipe, "x", kernels="xla")
-  for a, b in zip(got, want):
+  got = emulated.quantize_for_gemm(x, recipe, "x", kernels=Kernels.INTERPRET)
+  want = emulated.quantize_for_gemm(x, recipe, "x", kernels=Kernels.XLA)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
   assert float(got.e4m3_max) == 256.0
 
@@ -212,5 +213,5 @@ def test_recipe_options_are_validated_and_te_refuses_them():
   backends.resolve.cache_clear()
   with pytest.raises(ValueError, match="quantization_backend=te: te_nvfp4: nvfp4_4over6=all: Transformer Engine's "
                                        "JAX bindings .* read neither"):
-    backends.resolve(recipe, "te")
-  assert backends.resolve(recipe, "auto") == "emulated"
+    backends.resolve(recipe, backends.Choice.TE)
+  assert backends.resolve(recipe, backends.Choice.AUTO) is backends.EMULATED

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from MaxText.quantization.backends import emulated
-from MaxText.quantization.formats import grids as formats, nvfp4
+from MaxText.quantization.formats import grids, nvfp4
 from MaxText.quantization import get_recipe, qmatmul, stats
 
 NVFP4 = get_recipe("te_nvfp4")
@@ -14,9 +14,9 @@ FP8 = get_recipe("te_fp8_currentscaling")
 
 
 def test_saturation_threshold_is_max_plus_half_the_top_spacing():
-  assert formats.saturation_threshold(formats.E2M1) == 7.0  # 4, 6: spacing 2
-  assert formats.saturation_threshold(formats.E4M3) == 464.0  # 416, 448: spacing 32
-  assert formats.saturation_threshold(formats.E5M2) == 61440.0  # 49152, 57344: spacing 8192
+  assert grids.saturation_threshold(grids.E2M1) == 7.0  # 4, 6: spacing 2
+  assert grids.saturation_threshold(grids.E4M3) == 464.0  # 416, 448: spacing 32
+  assert grids.saturation_threshold(grids.E5M2) == 61440.0  # 49152, 57344: spacing 8192
 
 
 def test_values_on_the_grid_quantize_exactly():

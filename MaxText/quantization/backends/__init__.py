@@ -1,44 +1,79 @@
-"""Backend choice per recipe (Transformer Engine, XLA's block-scaled dot, or the pure-JAX emulation), said once in the log."""
+"""Who runs a quantized GEMM: one Backend protocol (base.py), three backends (emulated, xla, te) and a BF16 one,
+chosen per recipe from a `Choice` by `resolve`, said once in the log.
 
+    Choice.AUTO      TE where it can run the recipe, else xla where its block-scaled dot is a native FP4 GEMM
+                     (SM100+), else the emulation
+    Choice.TE / XLA / EMULATE   that backend, or a BackendError saying why it can't run here
+"""
+
+import enum
 import functools
 import logging
 
-from MaxText.quantization.backends import te as te_backend
-from MaxText.quantization.backends import xla as xla_backend
+from MaxText.quantization import dots
+from MaxText.quantization.backends import emulated, te, xla
+from MaxText.quantization.backends.base import Backend, OperandBackend
 from MaxText.quantization.errors import BackendError
 from MaxText.quantization.recipes import Recipe
 
-BACKENDS = ("auto", "te", "xla", "emulate")
 log = logging.getLogger(__name__)
 
 
-@functools.lru_cache(maxsize=None)
-def resolve(recipe: Recipe, requested: str = "auto") -> str:
-  """'bf16', 'te', 'xla' or 'emulated' for `recipe`; asking for one that can't run here is a BackendError.
+class Choice(enum.Enum):
+  """A backend request (the values are quantization_backend's spellings)."""
+  AUTO = "auto"
+  TE = "te"
+  XLA = "xla"
+  EMULATE = "emulate"
 
-  auto: TE where it can run the recipe, else the xla backend where its block-scaled dot is a native
-  FP4 GEMM (SM100+), else the emulation.
-  """
-  if requested not in BACKENDS:
-    raise BackendError(f"quantization_backend must be one of {BACKENDS}, got {requested!r}")
+
+class BF16Backend:
+  """An unquantized recipe: the plain tensor-core dot (bf16 operands, f32 accumulation, bf16 gradient GEMMs)."""
+  name = "bf16"
+
+  def unavailable_reason(self, recipe: Recipe):
+    return None
+
+  def matmul(self, x_MxK, w_KxN, recipe: Recipe, *, key, kernels):
+    del recipe, key, kernels
+    return dots.matmul(x_MxK, w_KxN)
+
+  def quantizers(self, kernels):
+    return None
+
+  def __repr__(self):
+    return "<bf16 backend>"
+
+
+BF16 = BF16Backend()
+EMULATED, XLA, TE = emulated.BACKEND, xla.BACKEND, te.BACKEND
+
+
+@functools.lru_cache(maxsize=None)
+def resolve(recipe: Recipe, requested: Choice = Choice.AUTO) -> Backend:
+  """The Backend that runs `recipe` for `requested`; asking for one that can't run here is a BackendError."""
+  if not isinstance(requested, Choice):
+    raise BackendError(f"quantization_backend must be one of {[c.value for c in Choice]}, got {requested!r}")
   if not recipe.quantized:
-    return "bf16"
-  if requested == "emulate":
-    return "emulated"
-  if requested == "xla":
-    reason = xla_backend.unavailable_reason(recipe)
+    return BF16
+  if requested is Choice.EMULATE:
+    return EMULATED
+  if requested is Choice.XLA:
+    reason = XLA.unavailable_reason(recipe)
     if reason is not None:
       raise BackendError(f"quantization_backend=xla: {reason}; use quantization_backend=auto or emulate")
-    return "xla"
-  reason = te_backend.unavailable_reason(recipe)
+    return XLA
+  reason = TE.unavailable_reason(recipe)
   if reason is None:
-    return "te"
-  if requested == "te":
+    return TE
+  if requested is Choice.TE:
     raise BackendError(f"quantization_backend=te: {recipe.name}: {reason}; use quantization_backend=auto "
                        "or emulate")
-  if xla_backend.native(recipe):
-    return "xla"
-  what = {"nvfp4": "NVFP4", "mxfp8": "MXFP8", "mxfp4": "MXFP4"}.get(recipe.format, "FP8")
-  if recipe.name.startswith("te_"):
-    log.warning("%s: %s; running emulated %s numerics", recipe.name, reason, what)
-  return "emulated"
+  if xla.native(recipe):
+    return XLA
+  if recipe.te_name is not None:
+    log.warning("%s: %s; running emulated %s numerics", recipe.name, reason, recipe.format.label)
+  return EMULATED
+
+
+__all__ = ["BF16", "EMULATED", "TE", "XLA", "Backend", "BackendError", "Choice", "OperandBackend", "resolve"]

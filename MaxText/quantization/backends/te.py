@@ -1,6 +1,6 @@
 """Transformer Engine backend: the te_* recipes on TE's native kernels. Imported lazily, never on CPU.
 
-Only `available()` is safe to call anywhere; everything else needs `transformer_engine.jax`.
+Only `unavailable_reason()` is safe to call anywhere; everything else needs `transformer_engine.jax`.
 """
 
 import functools
@@ -9,6 +9,7 @@ import importlib
 import jax
 import jax.numpy as jnp
 
+from MaxText.quantization.formats import Format
 from MaxText.quantization.recipes import Recipe
 
 NVFP4_MIN_SM = 100  # Blackwell
@@ -37,7 +38,7 @@ def _import_te():
 
 
 def min_sm(recipe: Recipe) -> int:
-  return NVFP4_MIN_SM if recipe.format in ("nvfp4", "mxfp8") else FP8_MIN_SM
+  return NVFP4_MIN_SM if recipe.format in (Format.NVFP4, Format.MXFP8) else FP8_MIN_SM
 
 
 def _options_reason(recipe: Recipe):
@@ -60,7 +61,7 @@ def _options_reason(recipe: Recipe):
 
 def unavailable_reason(recipe: Recipe):
   """None when TE can run `recipe` here, else why not (one line)."""
-  if not recipe.name.startswith("te_"):
+  if recipe.te_name is None:
     return f"{recipe.name} has no Transformer Engine kernel"
   if recipe.stateful:
     return "the trainer carries the amax history itself (TE would keep it in its own variable collection)"
@@ -69,7 +70,7 @@ def unavailable_reason(recipe: Recipe):
     return options
   sm = gpu_compute_capability()
   need = min_sm(recipe)
-  kind = "NVFP4" if recipe.format == "nvfp4" else "FP8"
+  kind = "NVFP4" if recipe.format is Format.NVFP4 else "FP8"
   if sm is None or sm < need:
     return f"Transformer Engine {kind} needs an SM{need}+ GPU"
   if _import_te() is None:
@@ -80,16 +81,16 @@ def unavailable_reason(recipe: Recipe):
 def te_recipe(recipe: Recipe):
   """The TE recipe object for one of our te_* recipes."""
   r = importlib.import_module("transformer_engine.common.recipe")
-  if recipe.format == "nvfp4":
+  if recipe.format is Format.NVFP4:
     return r.NVFP4BlockScaling(disable_rht=recipe.disable_rht,
                                disable_stochastic_rounding=recipe.disable_stochastic_rounding,
                                disable_2d_quantization=recipe.disable_2d_quantization)
-  if recipe.format == "fp8_current":
+  if recipe.format is Format.FP8_CURRENT:
     return r.Float8CurrentScaling(fp8_format=r.Format.HYBRID)
-  if recipe.format == "fp8_delayed":
+  if recipe.format is Format.FP8_DELAYED:
     return r.DelayedScaling(fp8_format=r.Format.HYBRID, amax_history_len=recipe.amax_history_len,
                             amax_compute_algo=recipe.amax_compute_algo)
-  if recipe.format == "mxfp8":
+  if recipe.format is Format.MXFP8:
     return r.MXFP8BlockScaling()
   raise ValueError(f"{recipe.name} has no Transformer Engine recipe")
 
@@ -115,6 +116,27 @@ def qmatmul(x, w, recipe: Recipe, *, key=None):
   te_dense = importlib.import_module("transformer_engine.jax.dense")
   te_quantize = importlib.import_module("transformer_engine.jax.quantize")
   quantizer_set = te_quantize.QuantizerFactory.create_set(fp8_recipe=te_recipe(recipe))
-  if recipe.format == "nvfp4":
+  if recipe.format is Format.NVFP4:
     _configure_nvfp4(quantizer_set, recipe, key)
   return te_dense.dense(x, w, contracting_dims=((1,), (0,)), quantizer_set=quantizer_set)
+
+
+class TEBackend:
+  """Transformer Engine's dense (its quantizers, GEMMs and backward) for the recipes TE has (`recipe.te_name`)."""
+  name = "te"
+
+  def unavailable_reason(self, recipe: Recipe):
+    return unavailable_reason(recipe)
+
+  def matmul(self, x_MxK, w_KxN, recipe: Recipe, *, key, kernels):
+    del kernels  # TE quantizes with its own kernels
+    return qmatmul(x_MxK, w_KxN, recipe, key=key)
+
+  def quantizers(self, kernels):
+    return None  # TE's own, inside its dense
+
+  def __repr__(self):
+    return "<te backend>"
+
+
+BACKEND = TEBackend()

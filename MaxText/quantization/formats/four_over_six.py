@@ -19,9 +19,9 @@ common/cast/nvfp4/quantize_4over6_nvfp4.cuh), which follow the paper's code:
 Beyond TE (whose 4/6 kernels take neither): the RHT (the error is measured against the transformed input) and
 stochastic rounding (both candidates round with the same uniforms). The paper quantizes gradients with 4/6 too.
 
-Exact on every backend like the rest (formats.py): the per-element value is q's power of two times a per-block
+Exact on every backend like the rest (grids.py): the per-element value is q's power of two times a per-block
 RN(RN(m * scale * amax) / 1536), m in {1, 1.5} (scaling by a power of two commutes with rounding), which is TE's
-per-element rounding chain exactly, overflow to inf included; the divisions are formats.div_rn, once per block.
+per-element rounding chain exactly, overflow to inf included; the divisions are grids.div_rn, once per block.
 Each square feeds an integer op before it is summed, so no backend can contract square and add into an FMA (which
 would round once instead of twice). Outside the guarantee, as for plain NVFP4: f32 subnormal
 intermediates (tensors with amax below ~1e-32), which XLA on CPU flushes to zero.
@@ -31,11 +31,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from MaxText.quantization.formats import grids as formats
+from MaxText.quantization.formats import grids
 
 MODES = ("mse", "mae")
 GLOBAL_E4M3_MAX = 256.0  # TE's nvfp4_e4m3_max for 4/6 tensors (nvfp4_4over6_e4m3_use_256="all", its default)
-_E2M1_MAX = formats.E2M1.max_value
+_E2M1_MAX = grids.E2M1.max_value
 _ERROR_DENOMINATOR = _E2M1_MAX * GLOBAL_E4M3_MAX  # 1536: TE's err_denom
 _EXPONENT_AND_SIGN = np.uint32(0xFF800000)
 _FRACTION = np.uint32(0x007FFFFF)
@@ -50,11 +50,11 @@ def candidate_scales(block_amax_MxB, s_enc, s_dec):
   """(decode, encode), each [2, M, B]: the E4M3 block decode scales of the map-to-6 (index 0) and map-to-4 (1)
   candidates and the encode scales x is multiplied by (TE's compute_scale_pair). The candidates are stacked, not
   computed twice: one graph for both keeps compile time down."""
-  base = formats.div_rn(block_amax_MxB, _E2M1_MAX) * s_enc
+  base = grids.div_rn(block_amax_MxB, _E2M1_MAX) * s_enc
   # round_to_grid saturates at E4M3's 448; base * 1 = base, exactly.
-  decode = formats.round_to_grid(base * np.float32([1.0, 1.5]).reshape(2, 1, 1), formats.E4M3)
-  encode = jnp.minimum(formats.div_rn(1.0, decode * s_dec), formats.FLT_MAX)
-  return formats.materialize(decode, encode)
+  decode = grids.round_to_grid(base * np.float32([1.0, 1.5]).reshape(2, 1, 1), grids.E4M3)
+  encode = jnp.minimum(grids.div_rn(1.0, decode * s_dec), grids.FLT_MAX)
+  return grids.materialize(decode, encode)
 
 
 def _values_in_input_domain(q_CxMxBx16, decode_CxMxB, amax):
@@ -68,10 +68,10 @@ def _values_in_input_domain(q_CxMxBx16, decode_CxMxB, amax):
   """
   # [m = 1, m = 1.5] x the candidates' blocks; 1.5 * decode is exact (E4M3 has 4 significant bits).
   c = jnp.stack([decode_CxMxB * (amax * 0.5), (decode_CxMxB * 1.5) * amax])
-  c, d = (a[..., None] for a in formats.materialize(c, formats.div_rn(c, _ERROR_DENOMINATOR)))
-  bits = formats.f32_bits(q_CxMxBx16)
+  c, d = (a[..., None] for a in grids.materialize(c, grids.div_rn(c, _ERROR_DENOMINATOR)))
+  bits = grids.f32_bits(q_CxMxBx16)
   is_15 = (bits & _FRACTION) != 0  # |q| in {1.5, 3, 6}
-  power = formats.f32_from_bits(bits & _EXPONENT_AND_SIGN)  # +-2**k (+-0 for 0)
+  power = grids.f32_from_bits(bits & _EXPONENT_AND_SIGN)  # +-2**k (+-0 for 0)
   f = jnp.where(is_15, power, power * 2.0)  # RN(q * decode * amax) = f * c, exactly
   product = f * jnp.where(is_15, c[1], c[0])
   return jnp.where(jnp.isinf(product), product, f * jnp.where(is_15, d[1], d[0]))
@@ -80,7 +80,7 @@ def _values_in_input_domain(q_CxMxBx16, decode_CxMxB, amax):
 def _rounded_on_its_own(product, zero):
   """`product` unchanged (its bits or-ed with a uint32 0 the compiler can't see is 0): a product that only feeds an
   integer op is rounded on its own, so no backend can contract it with the add it feeds into one FMA."""
-  return formats.f32_from_bits(formats.f32_bits(product) | zero)
+  return grids.f32_from_bits(grids.f32_bits(product) | zero)
 
 
 def block_errors(q_CxMxBx16, decode_CxMxB, x_MxBx16, amax, mode):
@@ -89,7 +89,7 @@ def block_errors(q_CxMxBx16, decode_CxMxB, x_MxBx16, amax, mode):
   diff = _values_in_input_domain(q_CxMxBx16, decode_CxMxB, amax) - x_MxBx16
   if mode == "mse":
     # amax's sign bit (always 0) read back from memory: a barrier keeps its value out of the compiler's sight.
-    zero = formats.f32_bits(jax.lax.optimization_barrier(amax)) >> 31
+    zero = grids.f32_bits(jax.lax.optimization_barrier(amax)) >> 31
     per_element = _rounded_on_its_own(diff * diff, zero)
   else:
     per_element = jnp.abs(diff)
@@ -114,5 +114,5 @@ def choose(decode_CxMxB, encode_CxMxB, errors_CxMxB):
   them; the kept values are then rounded again from x with the kept scale (the same bits as the candidate's, and
   cheaper than keeping both candidates' values in memory)."""
   use_4 = errors_CxMxB[1] < errors_CxMxB[0]
-  return formats.materialize(jnp.where(use_4, decode_CxMxB[1], decode_CxMxB[0]),
+  return grids.materialize(jnp.where(use_4, decode_CxMxB[1], decode_CxMxB[0]),
                              jnp.where(use_4, encode_CxMxB[1], encode_CxMxB[0]))

@@ -14,29 +14,20 @@ scale's E4M3 bound 256 instead of 448 (the tensor's `e4m3_max`).
 """
 
 import functools
-import typing
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from MaxText.quantization.formats import grids as formats
+from MaxText.quantization.formats import grids
 from MaxText.quantization.formats import four_over_six as fos
+from MaxText.quantization.formats.tensor import QuantizedTensor
 
 BLOCK = 16
-E2M1_MAX = formats.E2M1.max_value
-E4M3_MAX = formats.E4M3.max_value
+E2M1_MAX = grids.E2M1.max_value
+E4M3_MAX = grids.E4M3.max_value
 # TE's fixed random signs for the wgrad RHT.
 RHT_SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], np.float32)
-
-
-class NVFP4Tensor(typing.NamedTuple):
-  """A quantized 2-D tensor: E2M1 `values` [M, N], E4M3 `scales` [M, ceil(N/16)], global `amax` (f32 scalar), and
-  `e4m3_max`, the E4M3 bound its global scale maps amax to: S_enc = 6 * e4m3_max / amax (448; 256 under 4/6)."""
-  values: jax.Array
-  scales: jax.Array
-  amax: jax.Array
-  e4m3_max: jax.Array = E4M3_MAX
 
 
 def global_e4m3_max(four_over_six=None):
@@ -67,14 +58,14 @@ def hadamard16(x):
   *lead, n = x.shape
   if n % BLOCK:
     raise ValueError(f"hadamard16: last axis of shape {tuple(x.shape)} must be a multiple of {BLOCK}")
-  signed = formats.round_to_bf16(x).astype(jnp.float32).reshape(-1, BLOCK) * jnp.asarray(RHT_SIGNS)
+  signed = grids.round_to_bf16(x).astype(jnp.float32).reshape(-1, BLOCK) * jnp.asarray(RHT_SIGNS)
   h = signed.reshape(-1, 2, 2, 2, 2)  # H16 = H2 (x) H2 (x) H2 (x) H2 (Sylvester order)
   for axis in range(1, 5):
     # [a + b, a - b] along `axis` as a + b * [1, -1] (exact: a - b == a + (-b) in IEEE), broadcast
     # rather than stacked: XLA:CPU doesn't vectorize a concatenate
     a, b = (jax.lax.slice_in_dim(h, i, i + 1, axis=axis) for i in (0, 1))
     h = a + b * np.array([1.0, -1.0], np.float32).reshape([2 if d == axis else 1 for d in range(5)])
-  return formats.round_to_bf16(h.reshape(*lead, n) * 0.25)
+  return grids.round_to_bf16(h.reshape(*lead, n) * 0.25)
 
 
 def global_encode_scale(amax, e4m3_max=E4M3_MAX):
@@ -84,7 +75,7 @@ def global_encode_scale(amax, e4m3_max=E4M3_MAX):
   amax = 0 gives FLT_MAX, as in TE's reference; the all-zero tensor then has block scales 0.
   """
   amax = jnp.asarray(amax, jnp.float32)
-  s_enc = jnp.minimum(formats.div_rn(E2M1_MAX * e4m3_max, amax), formats.FLT_MAX)
+  s_enc = jnp.minimum(grids.div_rn(E2M1_MAX * e4m3_max, amax), grids.FLT_MAX)
   return jnp.where(s_enc == 0, 1.0, s_enc)
 
 
@@ -100,12 +91,13 @@ def _block_amax(x_f32, tile):
   """Per-block amax [M, N/16]; with 16x16 tiles each of a tile's 16 rows repeats the tile's amax."""
   m, n = x_f32.shape
   if tile == (1, BLOCK):
-    return formats.abs_max(x_f32.reshape(m, n // BLOCK, BLOCK), axis=-1)
+    return grids.abs_max(x_f32.reshape(m, n // BLOCK, BLOCK), axis=-1)
   tiles = x_f32.reshape(m // BLOCK, BLOCK, n // BLOCK, BLOCK)
-  return jnp.repeat(formats.abs_max(tiles, axis=(1, 3)), BLOCK, axis=0)
+  return jnp.repeat(grids.abs_max(tiles, axis=(1, 3)), BLOCK, axis=0)
 
 
-def quantize(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, four_over_six=None) -> NVFP4Tensor:
+def quantize(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None,
+             four_over_six=None) -> QuantizedTensor:
   """Quantize a 2-D x [M, N] to NVFP4 with blocks along the last axis (16x16 tiles if tile=(16, 16)).
 
   four_over_six: None (every block's max maps to 6), "mse" or "mae" (Four Over Six: the block's max maps to 6 or
@@ -115,15 +107,17 @@ def quantize(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None,
                        four_over_six=four_over_six, out="nvfp4")
 
 
-def quantize_block_scaled(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, four_over_six=None):
-  """(values * block decode scale [M, N] in bf16, amax): what the GEMM reads, without the narrow dtypes; the
-  global scale's E4M3 bound is global_e4m3_max(four_over_six).
+def quantize_block_scaled(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None,
+                          four_over_six=None) -> QuantizedTensor:
+  """`quantize` with the block scales folded in: values * block decode scale [M, N] in bf16 (no `scales`), what the
+  emulated GEMM reads, never through the narrow dtypes.
 
   Exact in bf16: an E2M1 value (2 significant bits) times an E4M3 scale (4 bits) has at most 6
   significant bits and lies in [2**-10, 2688], inside bf16's 8 bits and normal range.
   """
-  return _quantize_jit(x, tile=tuple(tile), rht=rht, stochastic_rounding=stochastic_rounding, key=key,
-                       four_over_six=four_over_six, out="block_scaled")
+  values, amax = _quantize_jit(x, tile=tuple(tile), rht=rht, stochastic_rounding=stochastic_rounding, key=key,
+                               four_over_six=four_over_six, out="block_scaled")
+  return QuantizedTensor(values, None, amax, jnp.float32(global_e4m3_max(four_over_six)), tuple(tile))
 
 
 def _fold_block_scales(values_MxN, decode_MxB):
@@ -145,16 +139,16 @@ def _round_blocks(x_MxBx16, encode_MxB, u_MxBx16):
   """x * the block's encode scale, clipped to +-6, rounded to E2M1: to nearest, or stochastically with u."""
   scaled = jnp.clip(x_MxBx16 * encode_MxB[..., None], -E2M1_MAX, E2M1_MAX)
   if u_MxBx16 is None:
-    return formats.round_to_grid(scaled, formats.E2M1)
-  return formats.stochastic_round_with_uniforms(scaled, formats.E2M1, u_MxBx16)
+    return grids.round_to_grid(scaled, grids.E2M1)
+  return grids.stochastic_round_with_uniforms(scaled, grids.E2M1, u_MxBx16)
 
 
 def _map_to_six(x_MxBx16, block_amax, s_enc, s_dec, u_MxBx16):
   """Plain NVFP4: (E2M1 values [M, B, 16], E4M3 decode scales [M, B]) with each block's max mapped to 6."""
-  decode = jnp.minimum(block_amax * (s_enc * (1.0 / E2M1_MAX)), formats.FLT_MAX)
-  decode = formats.round_to_grid(decode, formats.E4M3)  # saturating at 448
-  encode = jnp.minimum(formats.div_rn(1.0, decode * s_dec), formats.FLT_MAX)
-  decode, encode = formats.materialize(decode, encode)  # once per block, not once per element
+  decode = jnp.minimum(block_amax * (s_enc * (1.0 / E2M1_MAX)), grids.FLT_MAX)
+  decode = grids.round_to_grid(decode, grids.E4M3)  # saturating at 448
+  encode = jnp.minimum(grids.div_rn(1.0, decode * s_dec), grids.FLT_MAX)
+  decode, encode = grids.materialize(decode, encode)  # once per block, not once per element
   return _round_blocks(x_MxBx16, encode, u_MxBx16), decode
 
 
@@ -180,10 +174,10 @@ def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, four_over_six, out)
     x = jax.lax.optimization_barrier(hadamard16(x))
   m, n = x.shape
   x_f32 = x.astype(jnp.float32)
-  amax = formats.abs_max(x_f32) if x.size else jnp.float32(0)
+  amax = grids.abs_max(x_f32) if x.size else jnp.float32(0)
   e4m3_max = global_e4m3_max(four_over_six)
   s_enc = global_encode_scale(amax, e4m3_max)
-  s_dec = formats.div_rn(1.0, s_enc)
+  s_dec = grids.div_rn(1.0, s_enc)
 
   padded = _pad_to_block(x_f32, tile[0])  # 4/6 on 16x16 tiles sums the errors of zero rows too (all 0)
   rows = padded.shape[0] if four_over_six else m
@@ -191,7 +185,7 @@ def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, four_over_six, out)
   block_amax = _block_amax(padded, tile)[:rows]  # [rows, ceil(N/16)]
   u_blocks = None
   if stochastic_rounding:  # drawn for [M, N] as before; the padding (zeros) never rounds up
-    u = formats.uniform16(key, (m, n))
+    u = grids.uniform16(key, (m, n))
     u_blocks = jnp.pad(u, ((0, rows - m), (0, padded.shape[1] - n))).reshape(rows, -1, BLOCK)
   if four_over_six:
     values, decode = _four_over_six(x_blocks, block_amax, amax, s_enc, s_dec, u_blocks, tile, four_over_six)
@@ -200,21 +194,23 @@ def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, four_over_six, out)
   values, decode = values.reshape(rows, -1)[:m, :n], decode[:m]
   if out == "block_scaled":
     return _fold_block_scales(values, decode).astype(jnp.bfloat16), amax
-  return NVFP4Tensor(formats.cast_exact(values, formats.E2M1), formats.cast_exact(decode, formats.E4M3), amax,
-                     jnp.float32(e4m3_max))
+  return QuantizedTensor(grids.cast_exact(values, grids.E2M1), grids.cast_exact(decode, grids.E4M3), amax,
+                         jnp.float32(e4m3_max), tile)
 
 
-def block_scaled_values(q: NVFP4Tensor):
-  """values * block decode scale in f32 [M, N]: exact (at most 2 + 4 significant bits)."""
+def block_scaled_values(q: QuantizedTensor):
+  """values * block decode scale in f32 [M, N]: exact (at most 2 + 4 significant bits); a folded tensor's values."""
+  if q.scales is None:
+    return q.values.astype(jnp.float32)
   return _fold_block_scales(q.values.astype(jnp.float32), q.scales.astype(jnp.float32))
 
 
-def decode_scale(q: NVFP4Tensor):
+def decode_scale(q: QuantizedTensor):
   """The global decode scale 1/S_enc (f32 scalar)."""
-  return formats.div_rn(1.0, global_encode_scale(q.amax, q.e4m3_max))
+  return grids.div_rn(1.0, global_encode_scale(q.global_scale, q.e4m3_max))
 
 
-def dequantize(q: NVFP4Tensor):
+def dequantize(q: QuantizedTensor):
   """values * block scale * (1/S_enc), f32 [M, N]."""
   return block_scaled_values(q) * decode_scale(q)
 
@@ -222,10 +218,10 @@ def dequantize(q: NVFP4Tensor):
 def gemm_alpha(amax_a, amax_b, e4m3_max_a=E4M3_MAX, e4m3_max_b=E4M3_MAX):
   """The epilogue scale of an NVFP4 GEMM: amax_a * amax_b / (6*6*448*448), as the tensor core applies it (TE's
   reference GEMM: each operand's own E4M3 bound, 256 for a 4/6 operand; 36 * e_a * e_b is exact in f32)."""
-  return formats.div_rn(amax_a * amax_b, (E2M1_MAX * E2M1_MAX * e4m3_max_a) * e4m3_max_b)
+  return grids.div_rn(amax_a * amax_b, (E2M1_MAX * E2M1_MAX * e4m3_max_a) * e4m3_max_b)
 
 
-def gemm(a: NVFP4Tensor, b: NVFP4Tensor):
+def gemm(a: QuantizedTensor, b: QuantizedTensor):
   """a [M, K] . b [N, K]^T (both blocked along K) in f32, global scales applied in the epilogue.
 
   The block-scaled values are exact in bf16 and their products exact in f32, so this bf16 x bf16
@@ -234,4 +230,4 @@ def gemm(a: NVFP4Tensor, b: NVFP4Tensor):
   """
   a16, b16 = (block_scaled_values(t).astype(jnp.bfloat16) for t in (a, b))
   out = jax.lax.dot_general(a16, b16, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-  return out * gemm_alpha(a.amax, b.amax, a.e4m3_max, b.e4m3_max)
+  return out * gemm_alpha(a.global_scale, b.global_scale, a.e4m3_max, b.e4m3_max)

@@ -1,7 +1,7 @@
-"""The quantizers' exact per-element arithmetic in the operations Pallas lowers to Triton, same bits as formats.py.
+"""The quantizers' exact per-element arithmetic in the operations Pallas lowers to Triton, same bits as grids.py.
 
 Inside a Triton kernel three of the XLA path's tools are missing or differ, so they are rebuilt here
-from exact operations (each function names the one in formats.py / nvfp4.py it equals bit for bit):
+from exact operations (each function names the one in grids.py / nvfp4.py it equals bit for bit):
   * `jnp.round` (round-half-even) has no Triton lowering: rounding is floor plus an exact compare.
   * float min/max lower to `minnumf`/`maxnumf`, which drop a NaN where XLA propagates it: `minimum`,
     `maximum` and `clip` select explicitly, and maxima of |x| are integer maxima of the magnitude
@@ -9,7 +9,7 @@ from exact operations (each function names the one in formats.py / nvfp4.py it e
   * slices of a register tensor don't exist: the RHT butterfly halves blocks with `jnp.split` and
     interleaves with `jnp.stack` on the last axis (tt.split / tt.join), in the XLA path's stage order.
   * jnp.abs lowers to abs.ftz.f32 (subnormals flushed): `abs_` clears the sign bit instead.
-Everything else (integer division `formats.div_rn`, `formats.exp2i`, bit casts) is shared as is; every
+Everything else (integer division `grids.div_rn`, `grids.exp2i`, bit casts) is shared as is; every
 product that feeds an add is exact (a power-of-two scaling or a sign), so Triton's FMA contraction can't
 change a result.
 """
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from MaxText.quantization.formats import grids as formats
+from MaxText.quantization.formats import grids
 from MaxText.quantization.formats import nvfp4
 
 _ABS_MASK = np.uint32(0x7FFFFFFF)
@@ -29,7 +29,7 @@ _RHT_NEGATIVE_MASK = sum(1 << i for i, s in enumerate(nvfp4.RHT_SIGNS) if s < 0)
 
 def magnitude_bits(x):
   """|x|'s bits as uint32: ordered like |x| for every f32, NaN above inf (so integer max propagates NaN)."""
-  return formats.f32_bits(x) & _ABS_MASK
+  return grids.f32_bits(x) & _ABS_MASK
 
 
 def amax_bits(x, axis=None):
@@ -39,7 +39,7 @@ def amax_bits(x, axis=None):
 
 def abs_(x):
   """|x| by clearing the sign bit: Triton lowers jnp.abs to abs.ftz.f32, which flushes subnormals to 0."""
-  return formats.f32_from_bits(magnitude_bits(x))
+  return grids.f32_from_bits(magnitude_bits(x))
 
 
 def minimum(a, b):
@@ -66,22 +66,22 @@ def round_half_even(v):
 
 
 def _copysign(magnitude, x):
-  return formats.f32_from_bits(formats.f32_bits(magnitude) | (formats.f32_bits(x) & _SIGN_BIT))
+  return grids.f32_from_bits(grids.f32_bits(magnitude) | (grids.f32_bits(x) & _SIGN_BIT))
 
 
-def round_to_grid(x, grid: formats.FloatGrid):
-  """formats.round_to_grid: nearest-even on `grid`, saturating at ±max, NaN stays NaN."""
+def round_to_grid(x, grid: grids.FloatGrid):
+  """grids.round_to_grid: nearest-even on `grid`, saturating at ±max, NaN stays NaN."""
   abs_x = minimum(abs_(x), grid.max_value)
-  e = formats._quantum_exponent(abs_x, grid)  # pylint: disable=protected-access
-  rounded = minimum(round_half_even(abs_x * formats.exp2i(-e)) * formats.exp2i(e), grid.max_value)
+  e = grids._quantum_exponent(abs_x, grid)  # pylint: disable=protected-access
+  rounded = minimum(round_half_even(abs_x * grids.exp2i(-e)) * grids.exp2i(e), grid.max_value)
   return jnp.where(jnp.isnan(x), x, _copysign(rounded, x))
 
 
-def stochastic_round_to_grid(x, grid: formats.FloatGrid, u):
-  """formats.stochastic_round_to_grid given its uniforms `u` (same shape as x)."""
+def stochastic_round_to_grid(x, grid: grids.FloatGrid, u):
+  """grids.stochastic_round_to_grid given its uniforms `u` (same shape as x)."""
   abs_x = minimum(abs_(x), grid.max_value)
-  e = formats._quantum_exponent(abs_x, grid)  # pylint: disable=protected-access
-  q, inv_q = formats.exp2i(e), formats.exp2i(-e)
+  e = grids._quantum_exponent(abs_x, grid)  # pylint: disable=protected-access
+  q, inv_q = grids.exp2i(e), grids.exp2i(-e)
   lower = jnp.floor(abs_x * inv_q) * q
   frac = (abs_x - lower) * inv_q
   rounded = minimum(lower + jnp.where(u < frac, q, 0.0), grid.max_value)
@@ -89,7 +89,7 @@ def stochastic_round_to_grid(x, grid: formats.FloatGrid, u):
 
 
 def uniform16(halves):
-  """formats.uniform16 from the 16-bit draws (uint32 < 2**16): (r + 0.5) / 2**16, exact."""
+  """grids.uniform16 from the 16-bit draws (uint32 < 2**16): (r + 0.5) / 2**16, exact."""
   return (halves.astype(jnp.float32) + 0.5) * 2.0 ** -16
 
 
@@ -105,11 +105,11 @@ def hadamard16(x):
     raise ValueError(f"hadamard16: last axis must be {nvfp4.BLOCK}, got shape {x.shape}")
   index = jax.lax.broadcasted_iota(jnp.uint32, x.shape, x.ndim - 1)
   negative = ((np.uint32(_RHT_NEGATIVE_MASK) >> index) & 1) == 1
-  h = formats.round_to_bf16(x).astype(jnp.float32) * jnp.where(negative, -1.0, 1.0)
+  h = grids.round_to_bf16(x).astype(jnp.float32) * jnp.where(negative, -1.0, 1.0)
   for _ in range(4):
     a, b = jnp.split(h, 2, axis=-1)
     h = jnp.stack([a + b, a - b], axis=-1).reshape(x.shape)
-  return formats.round_to_bf16(h * 0.25).astype(jnp.float32)
+  return grids.round_to_bf16(h * 0.25).astype(jnp.float32)
 
 
 def e2m1_storage(q):
@@ -124,11 +124,11 @@ _FP8_CODES = {  # grid name: (exponent bias, NaN code as XLA's convert writes it
 }
 
 
-def fp8_bits(q, grid: formats.FloatGrid):
+def fp8_bits(q, grid: grids.FloatGrid):
   """The 8-bit code (uint32 < 256) of q, a value already on `grid` (|q| <= max) or NaN: what q.astype(grid.dtype)
   stores, built from the bits so no backend's f32 -> fp8 conversion is involved."""
   bias, nan_code = _FP8_CODES[grid.name]
-  bits = formats.f32_bits(q)
+  bits = grids.f32_bits(q)
   sign = (bits >> 24) & 0x80
   field = ((bits >> 23) & 0xFF).astype(jnp.int32)
   normal_field = jnp.maximum(field - 127 + bias, 0).astype(jnp.uint32)

@@ -6,7 +6,7 @@ the GEMM reads (bf16 block-scaled values, or f8) and nothing else: the RHT, bloc
 scales, rounding and the stochastic-rounding draws all stay in registers. MX needs no global amax:
 one pass. Transposed operands (x_t, dy_t, the weight) are read from the untransposed array.
 
-Same bits as `nvfp4.quantize_block_scaled`, `emulated.quantize_per_tensor_fp8` / `quantize_mx`:
+Same bits as `nvfp4.quantize_block_scaled`, `fp8.quantize` / `mx.quantize`:
 every step is the XLA path's exact arithmetic (kernel_math.py says what had to be rebuilt), and the
 stochastic-rounding uniforms are the threefry words jax.random.bits would draw (threefry.py).
 On CPU the kernels run only in Pallas interpret mode (`interpret=True`), which is how they are tested.
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from MaxText.quantization.formats import grids as formats
+from MaxText.quantization.formats import grids
 from MaxText.quantization.kernels import kernel_math as km
 from MaxText.quantization.formats import nvfp4
 from MaxText.quantization.kernels import pallas_layout
@@ -70,14 +70,14 @@ def amax_padded(x_padded, *, transpose, rht, interpret):
       in_specs=[layout.in_spec()], out_specs=pl.BlockSpec((1, 1, 1), lambda i, j: (0, i, j)),
       compiler_params=pl_triton.CompilerParams(num_warps=_NUM_WARPS, num_stages=1),
       interpret=interpret, name=KERNEL_PREFIX + ("amax_rht" if rht else "amax"))(layout.view(x_padded))
-  return formats.f32_from_bits(jnp.max(partial))
+  return grids.f32_from_bits(jnp.max(partial))
 
 
 # ---------------------------------------------------------------- NVFP4
 
 
 def _sr_uniforms(layout, key_ref, operand_cols):
-  """formats.uniform16's draws for this tile, [2, block_rows, block_cols]: one threefry word per pair of rows."""
+  """grids.uniform16's draws for this tile, [2, block_rows, block_cols]: one threefry word per pair of rows."""
   row0, col0 = layout.rows_cols_origin()
   shape = (layout.block_rows, layout.block_cols)
   rows = row0 + jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
@@ -106,15 +106,15 @@ def _nvfp4_kernel(scales_ref, *refs, layout, tile_rows, rht, sr, operand_cols):
   if tile_rows == NVFP4_BLOCK:
     block_bits = _tile_amax_bits(block_bits)
   s_enc, s_dec = scales_ref[0], scales_ref[1]
-  decode = km.minimum(formats.f32_from_bits(block_bits) * (s_enc * (1.0 / nvfp4.E2M1_MAX)), formats.FLT_MAX)
-  decode = km.round_to_grid(km.clip(decode, -nvfp4.E4M3_MAX, nvfp4.E4M3_MAX), formats.E4M3)
-  encode = km.minimum(formats.div_rn(1.0, decode * s_dec), formats.FLT_MAX)
+  decode = km.minimum(grids.f32_from_bits(block_bits) * (s_enc * (1.0 / nvfp4.E2M1_MAX)), grids.FLT_MAX)
+  decode = km.round_to_grid(km.clip(decode, -nvfp4.E4M3_MAX, nvfp4.E4M3_MAX), grids.E4M3)
+  encode = km.minimum(grids.div_rn(1.0, decode * s_dec), grids.FLT_MAX)
   scaled = km.clip(x * encode[..., None], -nvfp4.E2M1_MAX, nvfp4.E2M1_MAX)
   if sr:
     u = _sr_uniforms(layout, key_ref, operand_cols).reshape(scaled.shape)
-    values = km.stochastic_round_to_grid(scaled, formats.E2M1, u)
+    values = km.stochastic_round_to_grid(scaled, grids.E2M1, u)
   else:
-    values = km.round_to_grid(scaled, formats.E2M1)
+    values = km.round_to_grid(scaled, grids.E2M1)
   o_ref[...] = (values * decode[..., None]).reshape(p, rows, cols).astype(o_ref.dtype)
 
 
@@ -143,7 +143,7 @@ def nvfp4_block_scaled(x, *, tile=(1, 16), rht=False, stochastic_rounding=False,
   padded = pallas_layout.pad_operand(x, transpose=transpose, row_multiple=tile_rows, col_multiple=NVFP4_BLOCK)
   amax = amax_padded(padded, transpose=transpose, rht=rht, interpret=interpret)
   s_enc = nvfp4.global_encode_scale(amax)
-  scalars = [jnp.stack([s_enc, formats.div_rn(1.0, s_enc)])]
+  scalars = [jnp.stack([s_enc, grids.div_rn(1.0, s_enc)])]
   if stochastic_rounding:
     scalars.append(threefry.key_words(key))
   padded_rows, padded_cols = padded.shape[::-1] if transpose else padded.shape
@@ -170,7 +170,7 @@ def amax(x, *, transpose=False, interpret=False):
   return amax_padded(x, transpose=False, rht=False, interpret=interpret)
 
 
-def fp8_per_tensor(x, grid: formats.FloatGrid, scale, *, transpose=False, interpret=False):
+def fp8_per_tensor(x, grid: grids.FloatGrid, scale, *, transpose=False, interpret=False):
   """round_to_grid(operand * scale) stored in grid's f8 dtype, operand = x.T if transpose else x."""
   rows, cols = x.shape[::-1] if transpose else x.shape
   padded = pallas_layout.pad_operand(x, transpose=transpose, row_multiple=1, col_multiple=NVFP4_BLOCK)
@@ -189,16 +189,16 @@ def _mx_kernel(x_ref, o_ref, *, layout, grid):
   x = layout.load(x_ref)
   p, rows, cols = x.shape
   x = x.reshape(p, rows, cols // MX_BLOCK, MX_BLOCK)
-  block_amax = formats.f32_from_bits(km.amax_bits(x, axis=-1))
-  exponent = formats.e8m0_exponent_at_least(formats.div_rn(block_amax, grid.max_value))
-  q = km.round_to_grid(x * formats.exp2i(-exponent)[..., None], grid)
+  block_amax = grids.f32_from_bits(km.amax_bits(x, axis=-1))
+  exponent = grids.e8m0_exponent_at_least(grids.div_rn(block_amax, grid.max_value))
+  q = km.round_to_grid(x * grids.exp2i(-exponent)[..., None], grid)
   if grid.dtype == jnp.float4_e2m1fn:
     q = km.e2m1_storage(q)
-  o_ref[...] = (q * formats.exp2i(exponent)[..., None]).reshape(p, rows, cols).astype(o_ref.dtype)
+  o_ref[...] = (q * grids.exp2i(exponent)[..., None]).reshape(p, rows, cols).astype(o_ref.dtype)
 
 
-def mx_block_scaled(x, grid: formats.FloatGrid, *, transpose=False, interpret=False):
-  """emulated.quantize_mx(operand, grid) with the E8M0 scales folded in, in bf16; operand = x.T if transpose."""
+def mx_block_scaled(x, grid: grids.FloatGrid, *, transpose=False, interpret=False):
+  """mx.quantize(operand, grid) with the E8M0 scales folded in, in bf16; operand = x.T if transpose."""
   rows, cols = x.shape[::-1] if transpose else x.shape
   if cols % MX_BLOCK:
     raise ValueError(f"MX formats need the contraction axis to be a multiple of {MX_BLOCK}; "

@@ -1,7 +1,7 @@
 """Which implementation runs the operand quantizers: Pallas Triton kernels on NVIDIA GPUs, or the portable XLA path.
 
 Both give the same bits (pallas_quantize.py); the kernels exist for speed, since XLA splits a
-quantizer into several fusions that each read the operand again.
+quantizer into several fusions that each read the operand again. A `Kernels` member says which:
   auto       the kernels on a single NVIDIA GPU, the XLA path elsewhere: the kernels are not partitioned yet,
              so under a multi-device mesh XLA would gather each sharded operand to run them whole
   pallas     the kernels (an error where they can't run; lowering for CUDA with jax.export works anywhere
@@ -10,12 +10,22 @@ quantizer into several fusions that each read the operand again.
   interpret  the kernels in Pallas interpret mode on any backend (slow: for testing the kernels on CPU)
 """
 
+import enum
+
 import jax
 
 from MaxText.quantization.errors import BackendError
 
-CHOICES = ("auto", "pallas", "xla")  # what a user configures
-LIBRARY_CHOICES = CHOICES + ("interpret",)
+
+class Kernels(enum.Enum):
+  """Who quantizes the emulated backend's operands (the values are quantization_kernels' spellings)."""
+  AUTO = "auto"
+  PALLAS = "pallas"
+  XLA = "xla"
+  INTERPRET = "interpret"
+
+
+CHOICES = ("auto", "pallas", "xla")  # what a user configures (quantization_kernels); INTERPRET is for tests
 
 
 def _nvidia_gpu():
@@ -37,15 +47,15 @@ def unavailable_reason(platform=None):
   return None
 
 
-def resolve(requested: str = "auto") -> str:
-  """'pallas', 'interpret' or 'xla' for a request from LIBRARY_CHOICES; BackendError where pallas can't run."""
-  if requested not in LIBRARY_CHOICES:
+def resolve(requested: Kernels = Kernels.AUTO) -> Kernels:
+  """PALLAS, INTERPRET or XLA for a request; BackendError where the Pallas kernels can't run."""
+  if not isinstance(requested, Kernels):
     raise BackendError(f"quantization_kernels must be one of {CHOICES}, got {requested!r}")
-  if requested in ("xla", "interpret"):
+  if requested in (Kernels.XLA, Kernels.INTERPRET):
     return requested
   reason = unavailable_reason()
-  if requested == "pallas" and reason is not None:
+  if requested is Kernels.PALLAS and reason is not None:
     raise BackendError(f"quantization_kernels=pallas: {reason}; use quantization_kernels=auto or xla")
-  if requested == "pallas" or (reason is None and jax.device_count() == 1):
-    return "pallas"
-  return "xla"
+  if requested is Kernels.PALLAS or (reason is None and jax.device_count() == 1):
+    return Kernels.PALLAS
+  return Kernels.XLA

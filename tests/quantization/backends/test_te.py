@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from MaxText.quantization import get_recipe, qmatmul
+from MaxText.quantization import backends, get_recipe, qmatmul
 from MaxText.quantization.backends import te as te_backend
 
 
@@ -21,7 +21,7 @@ def test_te_matches_emulation(name):
   dy = jax.random.normal(kd, (256, 256), jnp.bfloat16)
   outs = {}
   for backend in ("te", "emulate"):
-    y, vjp = jax.vjp(lambda x, w, b=backend: qmatmul(x, w, recipe, backend=b), x, w)
+    y, vjp = jax.vjp(lambda x, w, b=backends.Choice(backend): qmatmul(x, w, recipe, backend=b), x, w)
     outs[backend] = (y, *vjp(dy))
   for got, want in zip(outs["te"], outs["emulate"]):
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)

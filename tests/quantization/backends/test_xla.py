@@ -51,7 +51,7 @@ def as_if_on_a_gpu(monkeypatch):
 def test_train_step_lowered_for_cuda_has_a_block_scaled_dot_per_quantized_gemm(as_if_on_a_gpu, quantization,
                                                                                 operand, scale):
   cfg = _cfg(f"quantization={quantization}", "quantization_backend=xla")
-  assert "xla" in precision.format_plan(precision.plan_from_config(cfg), cfg)
+  assert "xla" in precision.format_plan(precision.plan_from_config(cfg), cfg, accounting.gemm_flops(cfg))
   step, args = _step_and_args(cfg)
   exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
       jax.export.DisabledSafetyCheck.custom_call("__op$block_scaled_dot")])(*args)
@@ -71,7 +71,7 @@ def test_where_it_cannot_run_it_is_one_line_and_auto_never_picks_it(capsys):
   err = capsys.readouterr().err
   assert err.strip() == ("error: quantization_backend=xla: jax.nn.scaled_matmul (__op$block_scaled_dot) runs on "
                          f"NVIDIA GPUs only, not on {jax.default_backend()}; use quantization_backend=auto or emulate")
-  assert backends.resolve(get_recipe("te_nvfp4"), "auto") == "emulated"
+  assert backends.resolve(get_recipe("te_nvfp4"), backends.Choice.AUTO) is backends.EMULATED
 
 
 @pytest.mark.skipif(not ON_GPU, reason="jax.nn.scaled_matmul has no CPU lowering")
@@ -85,7 +85,7 @@ def test_xla_equals_emulated_up_to_accumulation_order(name):
   # Each GEMM on the same quantized operands: f32 results equal up to the order of the f32 sum.
   for (a, role_a), (b, role_b) in [((x, "x"), (w.T, "w")), ((dy, "dy"), (w, "w_t")), ((x.T, "x_t"), (dy.T, "dy_t"))]:
     got = xla_backend.gemm(xla_backend.quantize_for_gemm(a, recipe, role_a, ks),
-                           xla_backend.quantize_for_gemm(b, recipe, role_b, ks))
+                           xla_backend.quantize_for_gemm(b, recipe, role_b, ks), recipe)
     want = emulated.gemm(emulated.quantize_for_gemm(a, recipe, role_a, ks),
                          emulated.quantize_for_gemm(b, recipe, role_b, ks), recipe)
     assert np.abs(np.asarray(got) - np.asarray(want)).max() <= 1e-5 * np.abs(np.asarray(want)).max(), role_a
@@ -95,7 +95,7 @@ def test_xla_equals_emulated_up_to_accumulation_order(name):
   def run(backend):
     y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=ks, backend=backend), x, w)
     return (y, *vjp(dy))
-  for got, want in zip(run("xla"), run("emulate")):
+  for got, want in zip(run(backends.Choice.XLA), run(backends.Choice.EMULATE)):
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
     assert np.all(np.abs(got - want) <= 2**-7 * np.abs(want) + 1e-6 * np.abs(want).max())
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from MaxText.quantization.formats import grids as formats, four_over_six, nvfp4
+from MaxText.quantization.formats import grids, four_over_six, nvfp4
 from tests.quantization.formats import four_over_six_reference as ref
 from tests.quantization.gpu_division import gpu_like_division
 
@@ -56,11 +56,11 @@ def _assert_matches_reference(x, mode, tile, sr=False, rht=False, key=jax.random
   q = nvfp4.quantize(jnp.asarray(x), tile=tile, rht=rht, stochastic_rounding=sr, key=key if sr else None,
                      four_over_six=mode)
   x_in = _f32(nvfp4.hadamard16(jnp.asarray(x, jnp.bfloat16))) if rht else x
-  u = np.asarray(formats.uniform16(key, x.shape)) if sr else None
+  u = np.asarray(grids.uniform16(key, x.shape)) if sr else None
   values, scales, amax, use_4 = ref.quantize(x_in, mode, tile, u)
   np.testing.assert_array_equal(_f32(q.values), values)
   np.testing.assert_array_equal(_f32(q.scales), scales)
-  assert float(q.amax) == float(amax) or (np.isnan(q.amax) and np.isnan(amax))
+  assert float(q.global_scale) == float(amax) or (np.isnan(q.global_scale) and np.isnan(amax))
   assert float(q.e4m3_max) == 256.0
   return use_4
 
@@ -113,9 +113,9 @@ def _block_errors(values, scales, x, amax, mode, tile):
 def test_the_kept_candidate_has_the_smaller_error(tile, mode):
   x = _random(6, (64, 128))
   q = nvfp4.quantize(jnp.asarray(x), tile=tile, four_over_six=mode)
-  kept = _block_errors(_f32(q.values), _f32(q.scales), x, q.amax, mode, tile)
+  kept = _block_errors(_f32(q.values), _f32(q.scales), x, q.global_scale, mode, tile)
   with np.errstate(all="ignore"):  # each candidate alone: the reference with that candidate forced
-    s_enc = np.minimum(np.float32(1536) / np.float32(q.amax), ref.FLT_MAX)
+    s_enc = np.minimum(np.float32(1536) / np.float32(q.global_scale), ref.FLT_MAX)
     block_amax = np.max(np.abs(x.reshape(64, -1, 16)), axis=-1)
     if tile == (16, 16):
       block_amax = np.repeat(np.max(block_amax.reshape(4, 16, -1), axis=1), 16, axis=0)
@@ -123,7 +123,7 @@ def test_the_kept_candidate_has_the_smaller_error(tile, mode):
     for scale in (ref._e4m3(base), ref._e4m3(base * np.float32(1.5))):  # pylint: disable=protected-access
       # pylint: disable-next=protected-access
       values = ref._candidate(x.reshape(64, -1, 16), scale, np.float32(1) / s_enc, None)
-      other = _block_errors(values.reshape(64, -1), scale, x, q.amax, mode, tile)
+      other = _block_errors(values.reshape(64, -1), scale, x, q.global_scale, mode, tile)
       assert np.all(kept <= other)
 
 
@@ -138,7 +138,7 @@ def test_cuts_the_quantization_mse_of_gaussian_data_by_at_least_ten_percent(mode
 def test_global_scale_dequantize_and_gemm_use_the_256_bound():
   x = jnp.asarray(_random(7, (32, 64)))
   q = nvfp4.quantize(x, four_over_six="mse")
-  assert float(nvfp4.decode_scale(q)) == float(formats.div_rn(1.0, formats.div_rn(1536.0, q.amax)))
+  assert float(nvfp4.decode_scale(q)) == float(grids.div_rn(1.0, grids.div_rn(1536.0, q.global_scale)))
   assert 0 < float(jnp.linalg.norm(nvfp4.dequantize(q) - x) / jnp.linalg.norm(x)) < 0.15
   w = jnp.asarray(_random(8, (48, 64)))
   for a, b in ((q, nvfp4.quantize(w)), (nvfp4.quantize(x), nvfp4.quantize(w, four_over_six="mae"))):

@@ -8,7 +8,7 @@ import pytest
 
 from MaxText.quantization import RECIPES, delayed, get_recipe, qmatmul
 from MaxText.quantization.backends import emulated
-from MaxText.quantization.formats import grids as formats, nvfp4
+from MaxText.quantization.formats import grids, nvfp4
 from tests.quantization.gpu_division import gpu_like_division
 
 
@@ -26,14 +26,14 @@ def test_div_rn_is_ieee_division_bit_for_bit():
   rng = np.random.default_rng(0)
   n = 200_000
   specials = np.array([0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -3e-42, 1.1754942e-38, 1.1754944e-38,
-                       formats.FLT_MAX, 1, 6, 448, 2688, 3.0], np.float32)
+                       grids.FLT_MAX, 1, 6, 448, 2688, 3.0], np.float32)
   sa, sb = (s.ravel() for s in np.meshgrid(specials, specials))
   typical = (rng.standard_normal((2, n)) * rng.lognormal(0, 8, (2, n))).astype(np.float32)
   a = np.concatenate([_random_f32(rng, n), typical[0], sa, np.full(n, 2688, np.float32)])
   b = np.concatenate([_random_f32(rng, n), typical[1], sb, np.minimum(rng.lognormal(0, 30, n), 3e38).astype(np.float32)])
   with np.errstate(all="ignore"):
     want = a / b  # numpy: IEEE round-to-nearest-even, subnormals kept
-  got = formats.div_rn(a, b)
+  got = grids.div_rn(a, b)
   assert np.all(_same_bits(got, want))
   assert np.sum((want != 0) & (np.abs(want) < 1.1754944e-38)) > 1000  # subnormal quotients were covered
 
@@ -41,7 +41,7 @@ def test_div_rn_is_ieee_division_bit_for_bit():
 def test_div_rn_ignores_how_the_backend_divides():
   a, b = np.float32([2688.0, 1.0, 7.0]), np.float32([3.3e-5, 0.1, 448.0])
   with gpu_like_division():
-    got = formats.div_rn(a, b)
+    got = grids.div_rn(a, b)
   assert np.all(_same_bits(got, a / b))
 
 
@@ -50,13 +50,13 @@ def test_round_to_bf16_exp2i_and_exponents_from_bits():
   x = np.concatenate([_random_f32(rng, 100_000), np.float32([0.0, -0.0, 1.00390625, 1.01171875, 3.3961e38])])
   x = x[np.isfinite(x)]
   want = x.astype(ml_dtypes.bfloat16).astype(np.float32)  # round to nearest-even
-  assert np.all(_same_bits(np.asarray(formats.round_to_bf16(x)).astype(np.float32), want))
+  assert np.all(_same_bits(np.asarray(grids.round_to_bf16(x)).astype(np.float32), want))
   e = np.arange(-149, 128)
-  np.testing.assert_array_equal(formats.exp2i(e), np.ldexp(np.float32(1), e).astype(np.float32))
-  np.testing.assert_array_equal(formats.exponent_field(np.float32([1, 1.5, 2, 6, 448, 1e-38])),
+  np.testing.assert_array_equal(grids.exp2i(e), np.ldexp(np.float32(1), e).astype(np.float32))
+  np.testing.assert_array_equal(grids.exponent_field(np.float32([1, 1.5, 2, 6, 448, 1e-38])),
                                 [0, 0, 1, 2, 8, -127])
   ratios = np.float32([0, 1, 0.75, 2 ** -127, 2 ** -126, 1.5 * 2 ** -127, 2 ** 126, np.inf])
-  np.testing.assert_array_equal(formats.e8m0_exponent_at_least(ratios), [0, 0, 0, -127, -126, -126, 126, 0])
+  np.testing.assert_array_equal(grids.e8m0_exponent_at_least(ratios), [0, 0, 0, -127, -126, -126, 126, 0])
 
 
 def _operand(key, shape):
@@ -79,10 +79,8 @@ def _everything_a_recipe_computes(name):
     return out + [y, *vjp(dy)]
   for role, operand in operands.items():
     q = emulated.quantize_operand(operand, recipe, role, jax.random.key(3))
-    if isinstance(q, nvfp4.NVFP4Tensor):
-      out += [q.values.astype(jnp.float32), q.scales.astype(jnp.float32), nvfp4.dequantize(q)]
-    else:
-      out += [q.data.astype(jnp.float32), q.scale, emulated.dequantize_operand(q)]
+    scales = q.global_scale if q.scales is None else q.scales.astype(jnp.float32)
+    out += [q.values.astype(jnp.float32), scales, emulated.dequantize_operand(q)]
   y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=jax.random.key(5)), x, w)
   return out + [y, *vjp(dy)]
 

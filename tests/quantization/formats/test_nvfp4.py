@@ -29,7 +29,7 @@ def test_quantize_bit_exact_with_te_reference(case, division):
       assert q.scales.shape == (x.shape[0], x.shape[1] // 16)
       np.testing.assert_array_equal(_f32(q.values), d[f"{side}_values"], err_msg=side)  # +0 == -0 as numbers
       np.testing.assert_array_equal(_f32(q.scales), d[f"{side}_scales"], err_msg=side)
-      assert float(q.amax) == float(d[f"{side}_amax"])
+      assert float(q.global_scale) == float(d[f"{side}_amax"])
       np.testing.assert_array_equal(np.asarray(nvfp4.dequantize(q)), d[f"{side}_dequant"], err_msg=side)
       if rht:
         np.testing.assert_array_equal(_f32(nvfp4.hadamard16(jnp.asarray(x))), d["col_input"])
@@ -40,7 +40,7 @@ def test_hand_computed_block():
   # encode = 1/(448/224) = 0.5, so x*0.5 = [6, 1.25->1, 0.3->0.5, -0.75->-1(RNE, even mantissa)]
   x = jnp.array([[12.0, 2.5, 0.6, -1.5] + [0.0] * 12], jnp.float32)
   q = nvfp4.quantize(x)
-  assert float(q.amax) == 12.0 and float(q.scales[0, 0].astype(jnp.float32)) == 448.0
+  assert float(q.global_scale) == 12.0 and float(q.scales[0, 0].astype(jnp.float32)) == 448.0
   np.testing.assert_array_equal(_f32(q.values)[0, :4], [6.0, 1.0, 0.5, -1.0])
   np.testing.assert_allclose(np.asarray(nvfp4.dequantize(q))[0, :4], [12.0, 2.0, 1.0, -2.0], rtol=1e-6)
 

@@ -10,8 +10,10 @@ import jax.numpy as jnp
 import pytest
 
 from MaxText import precision
-from MaxText.quantization import delayed, get_recipe, qmatmul
+from MaxText.model import accounting
+from MaxText.quantization import backends, delayed, get_recipe, qmatmul
 from MaxText.quantization.kernels import pallas_quantize, quantizer_impl
+from MaxText.quantization.kernels.quantizer_impl import Kernels
 from tests.trainer.test_train_step import _cfg, _step_and_args
 
 TRITON = "__gpu$xla.gpu.triton"
@@ -54,9 +56,9 @@ def _dense_fwd_bwd(name):
 
   def fwd_bwd(x, w, dy, key):
     if recipe.stateful:
-      matmul = lambda x, w: delayed.qmatmul_delayed(x, w, recipe, history, "pallas")
+      matmul = lambda x, w: delayed.qmatmul_delayed(x, w, recipe, history, Kernels.PALLAS)
     else:
-      matmul = lambda x, w: qmatmul(x, w, recipe, key=key, kernels="pallas", backend="emulate")
+      matmul = lambda x, w: qmatmul(x, w, recipe, key=key, kernels=Kernels.PALLAS, backend=backends.Choice.EMULATE)
     y, vjp = jax.vjp(matmul, x, w)
     return (y, *vjp(dy))
   shapes = (jax.ShapeDtypeStruct((M, K), jnp.bfloat16), jax.ShapeDtypeStruct((K, N), jnp.float32),
@@ -86,7 +88,7 @@ def test_a_quantized_dense_runs_the_expected_triton_kernels(as_if_on_a_gpu, name
 
 def test_the_train_step_quantizes_every_mlp_operand_with_triton_kernels(as_if_on_a_gpu):
   cfg = _cfg("quantization=te_nvfp4", "quantization_kernels=pallas", "remat_policy=minimal_with_quantization")
-  assert "emulated  pallas" in precision.format_plan(precision.plan_from_config(cfg), cfg)
+  assert "emulated  pallas" in precision.format_plan(precision.plan_from_config(cfg), cfg, accounting.gemm_flops(cfg))
   step, args = _step_and_args(cfg)
   kernels = _export(step, *args)
   dense_layers = 3 * cfg.base_num_decoder_layers  # gate, up, down; attention and the lm head stay bf16

@@ -12,8 +12,9 @@ import pytest
 
 from MaxText.quantization import delayed, get_recipe, qmatmul
 from MaxText.quantization.backends import emulated
-from MaxText.quantization.formats import grids as formats, nvfp4
+from MaxText.quantization.formats import grids, nvfp4
 from MaxText.quantization.kernels import pallas_quantize
+from MaxText.quantization.kernels.quantizer_impl import Kernels
 from tests.conftest import division_modes, golden_params
 from tests.quantization.gpu_division import gpu_like_division
 
@@ -67,7 +68,7 @@ def adversarial_operands(shape, seed=0):
 
 
 def _quantize_roles(name, roles, kernels):
-  """jit(x, w, dy, key, history) -> {role: GemmOperand} for `name`'s roles with `kernels`."""
+  """jit(x, w, dy, key, history) -> {role: QuantizedTensor} for `name`'s roles with `kernels`."""
   recipe = get_recipe(name)
   arrays = lambda x, w, dy: {"x": x, "w": w, "dy": dy}
 
@@ -96,7 +97,8 @@ def _assert_roles_equal(name, kernels_fn, xla_fn):
     args = (*_inputs(kind, by_shape), jax.random.key(11), scales)
     got, want = kernels_fn(*args), xla_fn(*args)
     for role in want:
-      for part, g, w in zip(("data", "global_scale"), got[role], want[role]):
+      for part in ("values", "global_scale"):
+        g, w = getattr(got[role], part), getattr(want[role], part)
         assert g.dtype == w.dtype, (name, kind, role, part)
         assert same_bits(g, w), (name, kind, role, part)
 
@@ -104,14 +106,14 @@ def _assert_roles_equal(name, kernels_fn, xla_fn):
 @pytest.mark.parametrize("name", ["te_nvfp4", "te_fp8_currentscaling", "mxfp4"])
 def test_kernels_give_the_xla_paths_bits_for_every_role(name):
   roles = TRAINER_ROLES[name]
-  _assert_roles_equal(name, _quantize_roles(name, roles, "interpret"), _quantize_roles(name, roles, "xla"))
+  _assert_roles_equal(name, _quantize_roles(name, roles, Kernels.INTERPRET), _quantize_roles(name, roles, Kernels.XLA))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["te_nvfp4_no_rht", "te_fp8_delayedscaling", "te_mxfp8"])
 def test_kernels_give_the_xla_paths_bits_for_the_other_recipes(name):
   roles = TRAINER_ROLES[name]
-  _assert_roles_equal(name, _quantize_roles(name, roles, "interpret"), _quantize_roles(name, roles, "xla"))
+  _assert_roles_equal(name, _quantize_roles(name, roles, Kernels.INTERPRET), _quantize_roles(name, roles, Kernels.XLA))
 
 
 @pytest.mark.slow
@@ -119,14 +121,14 @@ def test_kernels_give_the_xla_paths_bits_for_the_other_recipes(name):
 def test_kernels_ignore_how_the_backend_divides(name):
   """The kernels under a GPU's f32 division give the XLA path's IEEE bits (they never divide in f32)."""
   roles = TRAINER_ROLES[name]
-  xla = _quantize_roles(name, roles, "xla")
+  xla = _quantize_roles(name, roles, Kernels.XLA)
   by_shape = {s: adversarial_operands(s, seed=i) for i, s in enumerate([(M, K), (K, N), (M, N)])}
   args = (*_inputs("random", by_shape), jax.random.key(11), jnp.float32([0.7, 3.1, 41.0]))
   want = xla(*args)
   with gpu_like_division():
-    got = _quantize_roles(name, roles, "interpret")(*args)
+    got = _quantize_roles(name, roles, Kernels.INTERPRET)(*args)
   for role in roles:
-    assert same_bits(got[role].data, want[role].data) and same_bits(got[role].global_scale, want[role].global_scale)
+    assert same_bits(got[role].values, want[role].values) and same_bits(got[role].global_scale, want[role].global_scale)
 
 
 @pytest.mark.slow
@@ -141,10 +143,10 @@ def test_ragged_operands_pad_as_the_xla_path_does():
     arrays = {"x": x, "odd": odd}
     return [emulated.quantize_for_gemm(arrays[a], get_recipe(n), role, key, kernels=kernels, transpose=t)
             for n, role, a, t in cases]
-  got = jax.jit(lambda *a: run("interpret", *a))(x, odd, jax.random.key(4))
-  want = jax.jit(lambda *a: run("xla", *a))(x, odd, jax.random.key(4))
+  got = jax.jit(lambda *a: run(Kernels.INTERPRET, *a))(x, odd, jax.random.key(4))
+  want = jax.jit(lambda *a: run(Kernels.XLA, *a))(x, odd, jax.random.key(4))
   for case, g, w in zip(cases, got, want):
-    assert same_bits(g.data, w.data) and same_bits(g.global_scale, w.global_scale), case[:2]
+    assert same_bits(g.values, w.values) and same_bits(g.global_scale, w.global_scale), case[:2]
   assert pallas_quantize.nvfp4_supported((24, 40), stochastic_rounding=True, key=jax.random.key(0))
   assert not pallas_quantize.nvfp4_supported((5, 48), stochastic_rounding=True, key=jax.random.key(0))
 
@@ -164,7 +166,7 @@ def test_golden_te_cases_through_the_kernels(case, division):
       scales = np.repeat(d[f"{side}_scales"], nvfp4.BLOCK, axis=1)
       np.testing.assert_array_equal(np.asarray(block_scaled.astype(jnp.float32)), d[f"{side}_values"] * scales)
       assert float(amax) == float(d[f"{side}_amax"])
-      dequant = block_scaled.astype(jnp.float32) * formats.div_rn(1.0, nvfp4.global_encode_scale(amax))
+      dequant = block_scaled.astype(jnp.float32) * grids.div_rn(1.0, nvfp4.global_encode_scale(amax))
       np.testing.assert_array_equal(np.asarray(dequant), d[f"{side}_dequant"], err_msg=side)
 
 
@@ -179,8 +181,8 @@ def test_golden_linear_through_the_kernels_equals_the_xla_path(case):
     y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, kernels=kernels), x, w)
     return (y, *vjp(dy))
   args = (jnp.asarray(d["x"], jnp.bfloat16), jnp.asarray(d["w"]), jnp.asarray(d["dy"], jnp.bfloat16))
-  got = jax.jit(lambda *a: run("interpret", *a))(*args)
-  want = jax.jit(lambda *a: run("xla", *a))(*args)
+  got = jax.jit(lambda *a: run(Kernels.INTERPRET, *a))(*args)
+  want = jax.jit(lambda *a: run(Kernels.XLA, *a))(*args)
   for name, g, w in zip(("y", "dx", "dw"), got, want):
     assert same_bits(g, w), name
   rel = np.linalg.norm(np.asarray(got[0], np.float32) - d["y"]) / np.linalg.norm(d["y"])
@@ -198,8 +200,8 @@ def test_a_quantized_dense_is_the_same_with_kernels_and_xla():
   def run(kernels, x, w, dy, key):
     y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=key, kernels=kernels), x, w)
     return (y, *vjp(dy))
-  got = jax.jit(lambda *a: run("interpret", *a))(x, w, dy, jax.random.key(8))
-  want = jax.jit(lambda *a: run("xla", *a))(x, w, dy, jax.random.key(8))
+  got = jax.jit(lambda *a: run(Kernels.INTERPRET, *a))(x, w, dy, jax.random.key(8))
+  want = jax.jit(lambda *a: run(Kernels.XLA, *a))(x, w, dy, jax.random.key(8))
   for g, w_ in zip(got, want):
     assert same_bits(g, w_)
 
@@ -214,7 +216,7 @@ def test_delayed_scaling_takes_the_kernel_path_too():
   def run(kernels, x, w, dy, h):
     y, vjp = jax.vjp(lambda x, w, h: delayed.qmatmul_delayed(x, w, recipe, h, kernels), x, w, h)
     return (y, *vjp(dy))
-  got = jax.jit(lambda *a: run("interpret", *a))(x, w, dy, history)
-  want = jax.jit(lambda *a: run("xla", *a))(x, w, dy, history)
+  got = jax.jit(lambda *a: run(Kernels.INTERPRET, *a))(x, w, dy, history)
+  want = jax.jit(lambda *a: run(Kernels.XLA, *a))(x, w, dy, history)
   for g, w_ in zip(got, want):
     assert same_bits(g, w_)

@@ -4,7 +4,7 @@
         [--arch 90,100] [--out DIR]
 
 Lowering (what the export tests check) builds the Triton IR; Triton's own pipeline can still reject it
-later (a `math.ctlz` from lax.clz did, before formats._leading_zeros). This dumps each kernel's TTIR as
+later (a `math.ctlz` from lax.clz did, before grids._leading_zeros). This dumps each kernel's TTIR as
 the Dense fwd+bwd of every recipe lowers it for CUDA, then compiles it to PTX and a cubin with the
 `triton` package (pip install triton; a separate interpreter, so its MLIR never meets jaxlib's) for
 the given compute capabilities, and reports ptxas' register and spill counts where it can. That
@@ -43,8 +43,9 @@ def dump_ttir(out_dir, shapes=(256, 512, 384)):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from jax._src.pallas.triton import pallas_call_registration as registration  # pylint: disable=import-outside-toplevel
-  from MaxText.quantization import get_recipe, qmatmul  # pylint: disable=import-outside-toplevel
-  from MaxText.quantization.kernels import quantizer_impl
+  from MaxText.quantization import backends, get_recipe, qmatmul  # pylint: disable=import-outside-toplevel
+  from MaxText.quantization.kernels import quantizer_impl  # pylint: disable=import-outside-toplevel
+  from MaxText.quantization.kernels.quantizer_impl import Kernels  # pylint: disable=import-outside-toplevel
   lower = registration.lowering.lower_jaxpr_to_triton_module
   seen = {}
 
@@ -62,7 +63,7 @@ def dump_ttir(out_dir, shapes=(256, 512, 384)):
       recipe = get_recipe(name)
 
       def fwd_bwd(x, w, dy, key, recipe=recipe):
-        y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=key, kernels="pallas", backend="emulate"), x, w)
+        y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=key, kernels=Kernels.PALLAS, backend=backends.Choice.EMULATE), x, w)
         return (y, *vjp(dy))
       jax.export.export(jax.jit(fwd_bwd), platforms=["cuda"], disabled_checks=[
           jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
