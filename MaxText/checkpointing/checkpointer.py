@@ -23,7 +23,10 @@ import warnings
 import jax
 import orbax.checkpoint as ocp
 
-class CheckpointError(Exception):
+from MaxText.errors import UserError
+
+
+class CheckpointError(UserError):
   """No usable checkpoint where one is expected, or one that can't be written: a user or environment error."""
 
 

@@ -1,8 +1,13 @@
-"""The run configuration: every key's schema, loading (YAML, base_config, key=value overrides), validation and
-derived values. Importable without JAX (submit.sh checks configs on login nodes)."""
+"""The run configuration: every key's schema (schema.py), loading YAML files with base_config and key=value
+overrides (loading.py), checks across keys (validation.py), derived values (derived.py) and the generated
+configs/base.yml (base_yml.py); `python -m MaxText.config` prints base.yml or --checks a config. Importable
+without JAX (submit.sh checks configs on login nodes)."""
 
-from MaxText.config.schema import (INT32_MAX, MESH_AXES, RANGES, SCHEMA, Config, ConfigError, Key, RunShape,
-                                   _check_number, check_job, load, parse_overrides, write_base_yml)
+from MaxText.config.base_yml import write_base_yml
+from MaxText.config.derived import RunShape
+from MaxText.config.loading import Config, load, parse_overrides
+from MaxText.config.schema import INT32_MAX, MESH_AXES, RANGES, SCHEMA, ConfigError, Key
+from MaxText.config.validation import check_job
 
-__all__ = ["INT32_MAX", "MESH_AXES", "RANGES", "SCHEMA", "Config", "ConfigError", "Key", "RunShape", "_check_number",
-           "check_job", "load", "parse_overrides", "write_base_yml"]
+__all__ = ["INT32_MAX", "MESH_AXES", "RANGES", "SCHEMA", "Config", "ConfigError", "Key", "RunShape", "check_job",
+           "load", "parse_overrides", "write_base_yml"]

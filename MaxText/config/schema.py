@@ -1,36 +1,21 @@
-"""The config schema (every key: type, default, doc), YAML + key=value loading, validation and derived values."""
+"""The config schema: every key (type, default, doc, choices) and its range, and how one value of a key is read
+(type coercion, range and choice checks, ~ and $VARIABLE expansion of paths). One source of truth for every key:
+configs/base.yml is generated from SCHEMA (base_yml.py)."""
 
 import dataclasses
 import difflib
 import math
 import os
-import pathlib
 import re
-import sys
 import typing
 
 import yaml
 
-
-def _recipe_names_without_jax():
-  """recipes.py is plain Python but its package imports jax: load the file alone, so that
-  `python -m MaxText.config --check` (submit.sh on a login node) needs only pyyaml."""
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  spec = importlib.util.spec_from_file_location("_maxtext_recipes_only",
-                                                pathlib.Path(__file__).parents[1] / "quantization" / "recipes.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # dataclasses look their module up
-  spec.loader.exec_module(module)
-  return module.recipe_names
+from MaxText.errors import UserError
+from MaxText.quantization.recipes import recipe_names
 
 
-try:
-  from MaxText.quantization import recipe_names
-except ImportError:  # no jax on this machine
-  recipe_names = _recipe_names_without_jax()
-
-
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A user mistake in a config file or override: printed as one line, exit code 2."""
 
 
@@ -42,7 +27,6 @@ class Key:
   choices: tuple = ()
 
 
-# One source of truth: configs/base.yml is generated from this table (see write_base_yml).
 SCHEMA = {
     # -- run
     "run_name": Key(str, "", "name of the run; outputs go to base_output_directory/run_name ('' = timestamp)"),
@@ -109,8 +93,9 @@ SCHEMA = {
                                    "on the unquantized x, w, dy (high_precision) or on the forward's quantized x and "
                                    "w, dequantized, with unquantized dy (dequantized); TE's backward_override",
                                    ("none", "high_precision", "dequantized")),
-    "amax_history_len": Key(int, 1024, "te_fp8_delayedscaling: steps of amax history per GEMM operand"),
-    "amax_compute_algo": Key(str, "max", "te_fp8_delayedscaling: scale from the history's max or its most "
+    "amax_history_len": Key(int, 1024, "FP8 delayed scaling (te_fp8_delayedscaling): steps of amax history per GEMM "
+                            "operand"),
+    "amax_compute_algo": Key(str, "max", "FP8 delayed scaling: scale from the history's max or its most "
                              "recent amax", ("max", "most_recent")),
     "quantization_stats_period": Key(int, 0, "every N steps log, per GEMM kind and operand, the relative "
                                      "quantization error and the fractions of saturated and all-zero (underflowed) "
@@ -255,7 +240,7 @@ PATH_KEYS = ("base_output_directory", "grain_train_files", "grain_eval_files", "
 _VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
 
 
-def _check_number(name, value, where):
+def check_number(name, value, where):
   if isinstance(value, float) and not math.isfinite(value):
     raise ConfigError(f"{where}: {name}={value} must be a finite number")
   span = RANGES.get(name, Span(-INT32_MAX, INT32_MAX) if isinstance(value, int) else Span(-math.inf, math.inf))
@@ -263,7 +248,7 @@ def _check_number(name, value, where):
     raise ConfigError(f"{where}: {name}={value} must be {span.describe(value)}")
 
 
-def _expand_path(name, value, where):
+def expand_path(name, value, where):
   """~ and $VAR / ${VAR} expanded as a shell would; a variable that is not set is an error (a shell makes it '')."""
   expanded = os.path.expanduser(os.path.expandvars(value))
   unset = _VARIABLE.search(expanded)
@@ -283,7 +268,7 @@ def _parse_bool(value):
   raise ValueError
 
 
-def _coerce(name, value, where):
+def coerce(name, value, where):
   key = SCHEMA[name]
   try:
     if key.type is bool:
@@ -311,277 +296,16 @@ def _coerce(name, value, where):
   except (TypeError, ValueError, OverflowError):
     raise ConfigError(f"{where}: {name}={value!r} is not a valid {key.type.__name__}") from None
   if key.type in (int, float):
-    _check_number(name, out, where)
+    check_number(name, out, where)
   if name in PATH_KEYS:
-    out = _expand_path(name, out, where)
+    out = expand_path(name, out, where)
   if key.choices and out not in key.choices:
     shown = ", ".join(repr(c) if c == "" else c for c in key.choices)
     raise ConfigError(f"{where}: {name}={out!r} is not one of: {shown}")
   return out
 
 
-def _unknown(name, where):
+def unknown_key(name, where):
   close = difflib.get_close_matches(name, SCHEMA, n=1)
   hint = f" (did you mean '{close[0]}'?)" if close else ""
   return ConfigError(f"{where}: unknown key '{name}'{hint}")
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-  """safe_load that refuses a key given twice in one mapping (YAML would silently keep the last)."""
-
-  def construct_mapping(self, node, deep=False):
-    seen = set()
-    for key_node, _ in node.value:
-      key = self.construct_object(key_node, deep=deep)
-      if key in seen:
-        raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
-      seen.add(key)
-    return super().construct_mapping(node, deep)
-
-
-def _load_yaml(path: pathlib.Path, seen=()):
-  if not path.is_file():
-    raise ConfigError(f"config file not found: {path}")
-  if path.resolve() in seen:
-    raise ConfigError(f"{path}: base_config cycle through {path.name}")
-  try:
-    raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
-  except OSError as e:
-    raise ConfigError(f"{path}: can't read the config file ({e.strerror or e})") from None
-  except UnicodeDecodeError as e:
-    raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save the config as UTF-8") from None
-  except yaml.YAMLError as e:
-    line = getattr(getattr(e, "problem_mark", None), "line", None)
-    at = f" line {line + 1}" if line is not None else ""
-    raise ConfigError(f"{path}{at}: not valid YAML ({getattr(e, 'problem', e)})") from None
-  if not isinstance(raw, dict):
-    raise ConfigError(f"{path}: expected a mapping of key: value")
-  values = {}
-  base = raw.pop("base_config", None)
-  if base:
-    values.update(_load_yaml(path.parent / base, seen + (path.resolve(),)))
-  for name, value in raw.items():
-    if name not in SCHEMA:
-      raise _unknown(name, str(path))
-    values[name] = _coerce(name, value, str(path))
-  return values
-
-
-def parse_overrides(args):
-  """['key=value', ...] -> {key: raw value}; errors name the argument."""
-  out = {}
-  for arg in args:
-    name, sep, value = arg.partition("=")
-    if not sep or not name:
-      raise ConfigError(f"command line: expected key=value, got '{arg}'")
-    if name not in SCHEMA:
-      raise _unknown(name, "command line")
-    out[name] = value
-  return out
-
-
-def load(config_path, overrides=()):
-  """The validated Config from a YAML file (with base_config inheritance) and key=value overrides."""
-  values = {n: os.path.expanduser(k.default) if n in PATH_KEYS else k.default for n, k in SCHEMA.items()}
-  values.update(_load_yaml(pathlib.Path(os.path.expanduser(str(config_path)))))
-  for name, raw in parse_overrides(overrides).items():
-    values[name] = _coerce(name, raw, "command line")
-  return Config(**values)
-
-
-def _validate(c):
-  positive = ("steps", "max_target_length", "gradient_accumulation_steps", "base_emb_dim", "base_num_query_heads",
-              "base_num_kv_heads", "head_dim", "base_mlp_dim", "base_num_decoder_layers", "vocab_size", "log_period")
-  for name in positive:
-    if getattr(c, name) <= 0:
-      raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
-  if c.per_device_batch_size <= 0:
-    raise ConfigError(f"per_device_batch_size={c.per_device_batch_size} must be > 0")
-  for name in ("eval_interval", "grain_worker_count", "skip_first_n_steps_for_profiler", "data_prefetch_depth"):
-    if getattr(c, name) < 0:
-      raise ConfigError(f"{name}={getattr(c, name)} must be >= 0")
-  for name in ("eval_steps", "checkpoint_period", "grain_max_pieces_per_document", "profiler_steps"):
-    if getattr(c, name) <= 0:
-      raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
-  if c.max_num_checkpoints_to_keep < 0:
-    raise ConfigError(f"max_num_checkpoints_to_keep={c.max_num_checkpoints_to_keep} must be >= 0 (0 = keep all)")
-  if c.load_parameters_path and c.load_full_state_path:
-    raise ConfigError("set load_parameters_path or load_full_state_path, not both")
-  if c.dataset_type == "grain" and not c.grain_train_files:
-    raise ConfigError("dataset_type=grain needs grain_train_files (a glob of ArrayRecord shards); "
-                      "python scripts/prepare_data.py --corpus shakespeare writes some")
-  if c.dataset_type == "tfds" and not (c.dataset_path and c.dataset_name):
-    raise ConfigError("dataset_type=tfds needs dataset_path and dataset_name")
-  if c.amax_history_len < 1:
-    raise ConfigError(f"amax_history_len={c.amax_history_len} must be >= 1")
-  _validate_nvfp4_options(c)
-  if c.quantization_stats_period < 0:
-    raise ConfigError(f"quantization_stats_period={c.quantization_stats_period} must be >= 0 (0 = off)")
-  if c.learning_rate < 0:
-    raise ConfigError(f"learning_rate={c.learning_rate} must be >= 0")
-  if not 0 <= c.warmup_steps_fraction <= 1:
-    raise ConfigError(f"warmup_steps_fraction={c.warmup_steps_fraction} must be in [0, 1]")
-  if c.base_num_query_heads % c.base_num_kv_heads:
-    raise ConfigError(f"base_num_query_heads={c.base_num_query_heads} must be a multiple of "
-                      f"base_num_kv_heads={c.base_num_kv_heads}")
-  if len(c.mlp_activations) != 2 or any(a not in ("silu", "gelu", "relu", "linear") for a in c.mlp_activations):
-    raise ConfigError(f"mlp_activations={c.mlp_activations} must be two of silu, gelu, relu, linear "
-                      "(gate, up), e.g. [silu, linear]")
-  edge = c.quantization_bf16_first_layers + c.quantization_bf16_last_layers
-  if min(c.quantization_bf16_first_layers, c.quantization_bf16_last_layers) < 0 or edge > c.base_num_decoder_layers:
-    raise ConfigError(f"quantization_bf16_first_layers + quantization_bf16_last_layers = {edge} must be between 0 "
-                      f"and base_num_decoder_layers={c.base_num_decoder_layers}")
-  if c.run_name in (".", "..") or any(sep in c.run_name for sep in ("/", "\\", "\0")):
-    raise ConfigError(f"run_name={c.run_name!r} must be a plain directory name (no '/', '..'): outputs go to "
-                      "base_output_directory/run_name")
-  if c.head_dim % 2:
-    raise ConfigError(f"head_dim={c.head_dim} must be even (RoPE rotates pairs)")
-  if c.num_vocab_tiling < 1 or c.max_target_length % c.num_vocab_tiling:
-    raise ConfigError(f"num_vocab_tiling={c.num_vocab_tiling} must be >= 1 and divide max_target_length="
-                      f"{c.max_target_length} (the lm head runs in tiles of the sequence)")
-  _validate_ranges_across_keys(c)
-
-
-NVFP4_OPTION_KEYS = ("nvfp4_4over6", "nvfp4_4over6_err_mode", "nvfp4_backward_override")
-
-
-def _validate_nvfp4_options(c):
-  """The NVFP4 options need an NVFP4 recipe, and 4/6 on gradients needs a backward that quantizes them."""
-  changed = [f"{k}={getattr(c, k)}" for k in NVFP4_OPTION_KEYS if getattr(c, k) != SCHEMA[k].default]
-  recipes = [c.quantization] + ([c.attention_quantization] if c.quantization_scope == "mlp" else [])
-  if changed and not any(r.startswith("te_nvfp4") for r in recipes):
-    raise ConfigError(f"{', '.join(changed)} applies to the NVFP4 recipes only, but quantization="
-                      f"{c.quantization!r} and attention_quantization={c.attention_quantization!r}; set quantization="
-                      "te_nvfp4 (or te_nvfp4_no_rht), or drop the option")
-  if c.nvfp4_4over6 == "gradients" and c.nvfp4_backward_override != "none":
-    raise ConfigError(f"nvfp4_4over6=gradients does nothing with nvfp4_backward_override="
-                      f"{c.nvfp4_backward_override}: the backward doesn't quantize gradients; use nvfp4_4over6=all, "
-                      "weights or activations, or nvfp4_backward_override=none")
-
-
-def _validate_ranges_across_keys(c):
-  """What a single key's range (RANGES) can't say: mesh sizes of 0, RoPE's interpolation band."""
-  for name in (f"{k}_{a}_parallelism" for k in ("ici", "dcn") for a in MESH_AXES):
-    if getattr(c, name) == 0:
-      raise ConfigError(f"{name}=0 must be -1 (the remaining devices) or >= 1")
-  if c.rope_type == "llama3.1" and c.rope_high_freq_factor <= c.rope_low_freq_factor:
-    raise ConfigError(f"rope_high_freq_factor={c.rope_high_freq_factor} must be > rope_low_freq_factor="
-                      f"{c.rope_low_freq_factor} (llama3.1 RoPE interpolates between them; Llama 3.1 uses 4 and 1)")
-
-
-def _replace(self, **changes):
-  """A copy with keys changed (values coerced and validated like overrides)."""
-  for name in changes:
-    if name not in SCHEMA:
-      raise _unknown(name, "replace")
-  return dataclasses.replace(self, **{n: _coerce(n, v, "replace") for n, v in changes.items()})
-
-
-def _field(key: Key):
-  if isinstance(key.default, list):
-    return dataclasses.field(default_factory=lambda d=key.default: list(d))
-  return dataclasses.field(default=key.default)
-
-
-# A validated run configuration: every SCHEMA key as a frozen attribute.
-Config = dataclasses.make_dataclass(
-    "Config", [(n, k.type, _field(k)) for n, k in SCHEMA.items()], frozen=True,
-    namespace={"__post_init__": lambda self: _validate(self), "replace": _replace,
-               "to_dict": lambda self: {n: getattr(self, n) for n in SCHEMA}})
-
-
-@dataclasses.dataclass(frozen=True)
-class RunShape:
-  """Values derived from a Config and the device count: the only place they are computed."""
-  num_devices: int
-  global_batch_size: int  # sequences per optimizer step
-  micro_batch_size: int  # sequences per accumulation micro-step
-  tokens_per_step: int
-
-  @classmethod
-  def of(cls, config, num_devices: int):
-    global_batch = config.per_device_batch_size * num_devices
-    if not float(global_batch).is_integer() or global_batch < 1:
-      raise ConfigError(f"per_device_batch_size={config.per_device_batch_size} x {num_devices} devices "
-                        "must be a whole number of sequences >= 1")
-    global_batch = int(global_batch)
-    if global_batch % config.gradient_accumulation_steps:
-      raise ConfigError(f"global batch {global_batch} is not divisible by gradient_accumulation_steps="
-                        f"{config.gradient_accumulation_steps}")
-    return cls(num_devices, global_batch, global_batch // config.gradient_accumulation_steps,
-               global_batch * config.max_target_length)
-
-
-def write_base_yml(path):
-  """configs/base.yml: every key with its default and doc, generated from SCHEMA."""
-  lines = ["# All keys with their defaults. Generated from MaxText/config.py SCHEMA:",
-           "#   python -m MaxText.config > configs/base.yml", ""]
-  for name, key in SCHEMA.items():
-    choices = f" [{', '.join(repr(c) if c == '' else str(c) for c in key.choices)}]" if key.choices else ""
-    lines.append(f"# {key.doc}{choices}")
-    lines.append(yaml.safe_dump({name: key.default}, default_flow_style=True).strip().strip("{}"))
-  text = "\n".join(lines) + "\n"
-  if path is None:
-    return text
-  pathlib.Path(path).write_text(text)
-  return text
-
-
-def check_job(cfg, nodes, devices_per_node):
-  """The mesh keys against a job of `nodes` processes of `devices_per_node` devices each (submit.sh runs this
-  before sbatch, where there may be no jax: the trainer's mesh forms from the same keys)."""
-  for kind, count, unit, flag in (("dcn", nodes, "node(s)", "--nodes"),
-                                  ("ici", devices_per_node, "GPU(s) per node", "--gpus-per-node")):
-    values = [getattr(cfg, f"{kind}_{a}_parallelism") for a in MESH_AXES]
-    named = ", ".join(f"{kind}_{a}_parallelism={v}" for a, v in zip(MESH_AXES, values) if v != 1) or f"{kind}_* = 1"
-    if values.count(-1) > 1:
-      raise ConfigError(f"only one {kind}_*_parallelism may be -1 ({named})")
-    fixed = math.prod(v for v in values if v != -1)
-    if (count % fixed) if -1 in values else (count != fixed):
-      need = f"a multiple of {fixed}" if -1 in values else f"exactly {fixed}"
-      raise ConfigError(f"{flag} {count}: the config's {named} needs {need} {unit}; change {flag} or the "
-                        f"{kind}_* keys")
-
-
-USAGE = """usage: python -m MaxText.config                  print configs/base.yml (every key, its default and doc)
-       python -m MaxText.config --check [--nodes N --gpus-per-node G] CONFIG [key=value ...]
-           validate a config (and that its mesh fits a job of N nodes x G GPUs); needs pyyaml, not jax"""
-
-
-def _check_cli(args):
-  """--check's arguments -> (config path, overrides, nodes or None, GPUs per node or None)."""
-  job = {"--nodes": None, "--gpus-per-node": None}
-  while args and args[0] in job:
-    if len(args) < 2 or not args[1].isdigit() or int(args[1]) < 1:
-      raise ConfigError(f"{args[0]} needs a positive integer")
-    job[args[0]], args = int(args[1]), args[2:]
-  if not args or args[0].startswith("-"):
-    raise ConfigError("--check needs a config file: python -m MaxText.config --check [--nodes N "
-                      "--gpus-per-node G] CONFIG [key=value ...]")
-  return args[0], args[1:], job["--nodes"], job["--gpus-per-node"]
-
-
-def main(argv):
-  if argv[:1] in (["-h"], ["--help"]):
-    print(USAGE)
-    return 0
-  if argv[:1] != ["--check"]:
-    if argv:
-      print(f"error: unknown argument {argv[0]!r}\n{USAGE}", file=sys.stderr)
-      return 2
-    print(write_base_yml(None), end="")
-    return 0
-  try:
-    path, overrides, nodes, gpus = _check_cli(argv[1:])
-    cfg = load(path, overrides)
-    if nodes or gpus:
-      check_job(cfg, nodes or 1, gpus or 1)
-  except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  print("config ok")
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))

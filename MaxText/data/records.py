@@ -15,11 +15,13 @@ import pathlib
 import grain
 import numpy as np
 
+from MaxText.errors import UserError
+
 # int32 ids below 2^24 have a NUL high byte: a quarter of their bytes or more. Text has none.
 NUL_SHARE_OF_TOKEN_IDS = 0.25
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
   """Missing, empty or invalid data: a user error."""
 
 

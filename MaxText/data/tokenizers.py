@@ -3,6 +3,8 @@
 import base64
 import pathlib
 
+from MaxText.errors import UserError
+
 # Llama 3's pre-tokenizer split (from Meta's reference tokenizer.py).
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -12,7 +14,7 @@ BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "[BOS]")
 EOS_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "[EOS]")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
   """A tokenizer that can't be loaded or doesn't fit the model: a user error."""
 
 

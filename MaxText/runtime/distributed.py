@@ -16,13 +16,14 @@ import time
 
 import jax
 
+from MaxText.errors import UserError
 from MaxText.runtime import preemption
 
 HELLO = "maxtext rank {rank} of {count}\n"
 POLL_SECONDS = 0.5
 
 
-class DistributedError(RuntimeError):
+class DistributedError(UserError, RuntimeError):
   """The processes could not form a job, or jax can't use the platform asked for: a user/cluster error."""
 
 

@@ -14,8 +14,10 @@ import os
 import socket
 import time
 
+from MaxText.errors import UserError
 
-class RunLockError(Exception):
+
+class RunLockError(UserError):
   """The run directory belongs to another live process: a user error."""
 
 

@@ -10,6 +10,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from MaxText.errors import UserError
+
 MESH_AXES = ("data", "fsdp", "context", "tensor")
 
 # Logical axis -> mesh axes (MaxText's names). Parameters shard their embed dim over fsdp (and
@@ -48,7 +50,7 @@ PARAM_AXES = {
 BATCH_AXES = ("activation_batch", "activation_length")
 
 
-class ShardingError(ValueError):
+class ShardingError(UserError, ValueError):
   """A mesh that doesn't fit the devices or the model: a user error."""
 
 

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from MaxText import config
+from MaxText.config import schema
 from tests.conftest import REPO
 
 BASE = REPO / "configs" / "base.yml"
@@ -86,7 +87,7 @@ def test_every_default_is_in_its_range():
   """RANGES can't be wrong about a value the schema itself uses; unlisted numeric keys get the int32 / finite bound."""
   for name, key in config.SCHEMA.items():
     if key.type in (int, float):
-      config._check_number(name, key.default, "SCHEMA")  # pylint: disable=protected-access
+      schema.check_number(name, key.default, "SCHEMA")
   assert not set(config.RANGES) - set(config.SCHEMA), "RANGES names a key the schema lacks"
 
 
