@@ -1,9 +1,9 @@
-"""Parameter counts, training FLOPs (MaxText's formula) and the per-device memory estimate."""
+"""Parameter counts, training FLOPs (MaxText's formula, also per GEMM kind) and the per-device memory estimate."""
 
 import dataclasses
 import math
 
-from MaxText import quantization
+from MaxText import precision
 
 GIB = 2 ** 30
 
@@ -47,6 +47,19 @@ def training_flops_per_device(cfg, per_device_batch_size=None) -> TrainingFlops:
   causal_attention = 4 * tokens * cfg.max_target_length * h * dh / 2
   return TrainingFlops(attention_projection=3 * (qkv + out_proj) * layers, mlp=3 * mlp * layers,
                        embedding=3 * embedding, attention_core=3 * causal_attention * layers)
+
+
+def gemm_flops(cfg):
+  """(training FLOPs per device per step of one layer's GEMM of each kind (3 x forward), the TrainingFlops)."""
+  f = training_flops_per_device(cfg)
+  layers = cfg.base_num_decoder_layers
+  h, kv, dh = cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
+  proj_shares = {"q": h * dh, "k": kv * dh, "v": kv * dh, "o": h * dh}
+  per_layer_proj = f.attention_projection / layers / sum(proj_shares.values())
+  out = {g: per_layer_proj * s for g, s in proj_shares.items()}
+  mlp_shares = {"gate": 1, "up": len(cfg.mlp_activations) - 1, "down": 1}
+  out.update({g: f.mlp / layers / sum(mlp_shares.values()) * s for g, s in mlp_shares.items()})
+  return out, f
 
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -107,12 +120,11 @@ def quantized_residual_bytes(cfg, tokens) -> float:
   per-tensor FP8 keeps x (1 byte per element) and the weight (1 byte per parameter); NVFP4 with 16x16
   weight tiles keeps the weight's block-scaled values (bf16, 2 bytes per parameter, unsharded)."""
   d, f, h, kv, dh = cfg.base_emb_dim, cfg.base_mlp_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
-  attention_name = cfg.quantization if cfg.quantization_scope == "all_dense" else cfg.attention_quantization
-  gemms = [(cfg.quantization, d, f)] * len(cfg.mlp_activations) + [(cfg.quantization, f, d)]
-  gemms += [(attention_name, d, (h + 2 * kv) * dh), (attention_name, h * dh, d)]
+  mlp, attention = precision.configured_recipes(cfg)
+  gemms = [(mlp, d, f)] * len(cfg.mlp_activations) + [(mlp, f, d)]
+  gemms += [(attention, d, (h + 2 * kv) * dh), (attention, h * dh, d)]
   total = 0.0
-  for name, k, n in gemms:
-    recipe = quantization.get_recipe(name)
+  for recipe, k, n in gemms:
     bytes_per_weight = 1 if recipe.shares_transpose("x") else 2
     total += tokens * k if recipe.shares_transpose("x") else 0
     total += k * n * bytes_per_weight if recipe.shares_transpose("w") else 0
@@ -126,9 +138,7 @@ def amax_history_bytes(cfg) -> float:
   """FP8 delayed scaling's state per device: where any recipe of the config scales from a history, every Dense
   of every layer keeps an f32 [3, amax_history_len] history (model/layers.py), replicated on every device, and
   the step returns a new one of each (their "gradient") before the old is released."""
-  names = (cfg.quantization, cfg.attention_quantization)
-  delayed = any(quantization.get_recipe(n).format == "fp8_delayed" for n in names)
-  return 2 * cfg.base_num_decoder_layers * DENSE_PER_LAYER * 3 * cfg.amax_history_len * 4 if delayed else 0.0
+  return 2 * cfg.base_num_decoder_layers * DENSE_PER_LAYER * 3 * precision.amax_history_len(cfg) * 4
 
 
 def memory_per_device(cfg, mesh_sizes, micro_batch_size) -> MemoryEstimate:

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from MaxText.model.layers import Dense, GemmPrecision, amax_history_len
+from MaxText.model.layers import Dense
+from MaxText.precision import GemmPrecision, amax_history_len
 from MaxText.quantization import dots
 
 NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)

@@ -6,13 +6,10 @@ from flax import nnx
 
 from MaxText.runtime import sharding
 from MaxText.model.attention import Attention
-from MaxText.model.layers import Embed, GemmPrecision, RMSNorm
+from MaxText.model.layers import Embed, RMSNorm
 from MaxText.model.mlp import MLP
+from MaxText.precision import uniform
 from MaxText.quantization import dots, qdot
-
-ATTENTION_GEMMS = ("q", "k", "v", "o")
-MLP_GEMMS = ("gate", "up", "down")
-GEMMS = ATTENTION_GEMMS + MLP_GEMMS
 
 ACTIVATION_AXES = ("activation_batch", "activation_length", "activation_embed")
 LOGITS_AXES = ("activation_batch", "activation_length", "activation_vocab")
@@ -41,11 +38,6 @@ REMAT_POLICIES = {
     "minimal_with_context_and_quantization": _and_cudnn_attention_residuals(
         _save(*_PROJECTIONS, "context", qdot.REMAT_NAME)),
 }
-
-
-def uniform_precision(precision: GemmPrecision = GemmPrecision()):
-  """The same GemmPrecision for every GEMM of a layer."""
-  return {g: precision for g in GEMMS}
 
 
 class DecoderLayer(nnx.Module):
@@ -132,7 +124,7 @@ class Transformer(nnx.Module):
     if segment_ids_BxL is None:
       segment_ids_BxL = jnp.ones((b, l), jnp.int32)
     if layer_precisions is None:
-      layer_precisions = [(0, self.num_layers, uniform_precision())]
+      layer_precisions = [(0, self.num_layers, uniform())]
     x = self.embed(tokens_BxL)
     x = self._run_layers(x, positions_BxL, segment_ids_BxL, layer_precisions, key, stats_sinks)
     return self.final_norm(sharding.constrain(x, ACTIVATION_AXES))
@@ -146,3 +138,8 @@ class Transformer(nnx.Module):
                stats_sinks=None):
     return self.logits(self.hidden(tokens_BxL, positions_BxL, segment_ids_BxL, layer_precisions=layer_precisions,
                                    key=key, stats_sinks=stats_sinks))
+
+
+def abstract_model(cfg):
+  """(graphdef, params, rest) of the model with shapes only (nothing allocated)."""
+  return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(cfg.seed))), nnx.Param, ...)

@@ -1,34 +1,17 @@
 """Building blocks: the Dense layer with its precision hook, RMSNorm, token embedding."""
 
-import typing
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from MaxText.quantization import Recipe, delayed, get_recipe, qdense
-
-BF16 = get_recipe("")
-
-
-class GemmPrecision(typing.NamedTuple):
-  """How one GEMM runs: the recipe, the backend request (auto / te / xla / emulate) and the quantizers'
-  implementation (quantization_kernels: auto / pallas / xla). Static (hashable)."""
-  recipe: Recipe = BF16
-  backend: str = "auto"
-  kernels: str = "auto"
+from MaxText.precision import GemmPrecision
+from MaxText.quantization import delayed, qdense
 
 
 class AmaxHistory(nnx.Variable):
   """FP8 delayed scaling's amax history [3, H] (rows x, w, dy; newest first). The train step overwrites it
   with its gradient (the new history) instead of handing it to the optimizer."""
-
-
-def amax_history_len(cfg):
-  """History length for the Dense layers: only when a delayed-scaling recipe is configured (else 0, none kept)."""
-  delayed_names = ("te_fp8_delayedscaling",)
-  return cfg.amax_history_len if {cfg.quantization, cfg.attention_quantization} & set(delayed_names) else 0
 
 
 def dense_init():

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from MaxText.runtime import sharding
-from MaxText.model.layers import Dense, amax_history_len
+from MaxText.model.layers import Dense
+from MaxText.precision import amax_history_len
 
 ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu, "linear": lambda x: x}
 

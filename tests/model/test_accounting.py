@@ -1,6 +1,7 @@
 """Parameter counts, the training FLOPs formula and the memory estimate, against hand-computed values."""
 
 from MaxText.model import accounting
+from MaxText.model.decoder import abstract_model
 from MaxText import config
 from tests.conftest import REPO
 
@@ -72,10 +73,9 @@ def test_memory_estimate_counts_the_amax_histories_the_model_allocates():
   """te_fp8_delayedscaling: the estimate holds every history the model builds (replicated on each device) and
   the new ones each step returns; recipes without a history add nothing."""
   import jax  # pylint: disable=import-outside-toplevel
-  from MaxText.trainer import run_setup  # pylint: disable=import-outside-toplevel
   for overrides in (["quantization=te_fp8_delayedscaling"], ["attention_quantization=te_fp8_delayedscaling"]):
     cfg = _cfg("llama3_tiny.yml", "dataset_type=synthetic", "amax_history_len=16", *overrides)
-    _, _, rest = run_setup.abstract_model(cfg)
+    _, _, rest = abstract_model(cfg)
     allocated = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(rest))
     assert allocated == 4 * 7 * 3 * 16 * 4  # 4 layers x 7 Dense x [3, 16] f32
     assert accounting.amax_history_bytes(cfg) == 2 * allocated

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from MaxText import config, precision, train
+from MaxText.model import accounting
+from MaxText.quantization.kernels import quantizer_impl
 from MaxText.trainer import train_step
 from tests.conftest import REPO
 from tests.trainer.test_train import SMALL
@@ -37,9 +39,9 @@ def test_bf16_edge_layers_and_flops_share():
   ranges = _recipes(plan)
   assert [(a, b) for a, b, _ in ranges] == [(0, 1), (1, 4), (4, 6)]
   assert ranges[0][2]["gate"] == "" and ranges[1][2]["gate"] == "te_nvfp4" and ranges[2][2]["down"] == ""
-  share = precision.flops_share(plan, cfg)
+  share = precision.flops_share(plan, accounting.gemm_flops(cfg))
   assert abs(sum(share.values()) - 1) < 1e-12
-  per_gemm, total = precision.gemm_flops(cfg)
+  per_gemm, total = accounting.gemm_flops(cfg)
   mlp_per_layer = per_gemm["gate"] + per_gemm["up"] + per_gemm["down"]
   assert abs(share["te_nvfp4"] - 3 * mlp_per_layer / total.total) < 1e-12
   assert all(p.recipe.name == "" for _, _, prec in precision.plan_from_config(cfg, high_precision=True).layer_ranges
@@ -147,15 +149,15 @@ def test_plan_shows_the_nvfp4_options_and_the_flops_they_leave_in_bf16(monkeypat
   plan = precision.plan_from_config(cfg)
   recipe = plan.layer_ranges[0][2]["gate"].recipe
   assert (recipe.nvfp4_4over6, recipe.nvfp4_4over6_err_mode, recipe.backward_override) == ("all", "mae", "dequantized")
-  text = precision.format_plan(plan, cfg)
+  text = precision.format_plan(plan, cfg, accounting.gemm_flops(cfg))
   assert ("te_nvfp4: Four Over Six (mae) on x, w: each block's max to 6 or 4, the smaller error kept; global scale "
           "6*256/amax; backward_override=dequantized: dgrad and wgrad in the compute dtype on the forward's quantized "
           "x and w, dequantized, and unquantized dy") in text
-  per_gemm, total = precision.gemm_flops(cfg)
+  per_gemm, total = accounting.gemm_flops(cfg)
   fprop_only = sum(per_gemm[g] for g in ("gate", "up", "down")) * cfg.base_num_decoder_layers / 3
-  assert precision.flops_share(plan, cfg)["te_nvfp4"] == pytest.approx(fprop_only / total.total, rel=1e-12)
+  assert precision.flops_share(plan, (per_gemm, total))["te_nvfp4"] == pytest.approx(fprop_only / total.total, rel=1e-12)
   # The Pallas kernels don't implement 4/6: the plan says its operands take the XLA path.
-  monkeypatch.setattr(precision.quantizer_impl, "resolve", lambda kernels: "pallas")
+  monkeypatch.setattr(quantizer_impl, "resolve", lambda kernels: quantizer_impl.Kernels.PALLAS)
   assert {q for g, _, _, b, q in precision.rows(plan, cfg) if g == "gate"} == {"pallas (4/6 operands: xla)"}
   plain = precision.plan_from_config(_cfg("quantization=te_nvfp4"))
   assert {q for g, _, _, b, q in precision.rows(plain, cfg) if g == "gate"} == {"pallas"}

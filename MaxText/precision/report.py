@@ -1,0 +1,81 @@
+"""The precision plan as the run prints it: one row per GEMM kind and layer range (recipe, backend, quantizers), what
+the NVFP4 options change, and the share of training FLOPs in each format."""
+
+from MaxText.precision.plan import GEMMS, GemmPrecision, PrecisionPlan
+from MaxText.quantization import backends
+from MaxText.quantization.formats import Format
+
+
+def _quantizers(backend, precision: GemmPrecision):
+  """Who quantizes the operands: our Pallas kernels or the XLA path ('-' where nothing or TE does); the kernels
+  leave Four Over Six operands to the XLA path."""
+  impl = backend.quantizers(precision.kernels)
+  if impl is None:
+    return "-"
+  four_over_six = [r for r in precision.recipe.quantized_roles if precision.recipe.four_over_six(r)]
+  return f"{impl} (4/6 operands: xla)" if impl != "xla" and four_over_six else impl
+
+
+def rows(plan: PrecisionPlan, cfg):
+  """(gemm kind, layers, recipe, backend, quantizers) per GEMM kind and layer range, lm head and attention core
+  last."""
+  out = []
+  for start, stop, precision in plan.layer_ranges:
+    for gemm in GEMMS:
+      p = precision[gemm]
+      backend = backends.resolve(p.recipe, p.backend)
+      out.append((gemm, f"{start}-{stop - 1}", p.recipe.name or "bf16", backend.name, _quantizers(backend, p)))
+  last = f"0-{cfg.base_num_decoder_layers - 1}"
+  out.append(("attention core (QK^T, PV)", last, "bf16", "bf16", "-"))
+  out.append(("lm_head", "-", "bf16", "bf16", "-"))
+  return out
+
+
+def flops_share(plan: PrecisionPlan, gemm_flops):
+  """{format label: share of training FLOPs}: each recipe's GEMMs, everything else counted as bf16.
+
+  `gemm_flops`: (per-layer training FLOPs of each GEMM kind, the step's TrainingFlops), accounting.gemm_flops.
+  """
+  per_gemm, total = gemm_flops
+  shares = {}
+  for start, stop, precision in plan.layer_ranges:
+    for gemm, p in precision.items():
+      label = p.recipe.name or "bf16"
+      flops = per_gemm[gemm] * (stop - start)
+      # A backward_override quantizes fprop only: dgrad and wgrad (2 of the 3 GEMMs) run in the compute dtype.
+      quantized = flops if p.recipe.quantized_backward or not p.recipe.quantized else flops / 3
+      shares[label] = shares.get(label, 0.0) + quantized
+      shares["bf16"] = shares.get("bf16", 0.0) + flops - quantized
+  shares["bf16"] = shares.get("bf16", 0.0) + total.embedding + total.attention_core
+  return {k: v / total.total for k, v in sorted(shares.items(), key=lambda kv: -kv[1])}
+
+
+def recipe_options(plan: PrecisionPlan) -> list:
+  """One line per NVFP4 recipe of the plan with Four Over Six or a backward_override set: what they change."""
+  lines = []
+  recipes = {p.recipe for _, _, prec in plan.layer_ranges for p in prec.values()}
+  for r in sorted(recipes, key=lambda r: r.name):
+    if r.format is not Format.NVFP4 or (r.nvfp4_4over6 == "none" and r.backward_override == "none"):
+      continue
+    parts = []
+    if r.nvfp4_4over6 != "none":
+      roles = ", ".join(role for role in r.quantized_roles if r.four_over_six(role))
+      parts.append(f"Four Over Six ({r.nvfp4_4over6_err_mode}) on {roles}: each block's max to 6 or 4, the smaller "
+                   "error kept; global scale 6*256/amax")
+    if r.backward_override == "high_precision":
+      parts.append("backward_override=high_precision: dgrad and wgrad in the compute dtype on unquantized x, w, dy")
+    elif r.backward_override == "dequantized":
+      parts.append("backward_override=dequantized: dgrad and wgrad in the compute dtype on the forward's quantized "
+                   "x and w, dequantized, and unquantized dy")
+    lines.append(f"{r.name}: " + "; ".join(parts))
+  return lines
+
+
+def format_plan(plan: PrecisionPlan, cfg, gemm_flops) -> str:
+  """The printed plan; `gemm_flops` as for flops_share."""
+  lines = [f"{'gemm':<26} {'layers':<8} {'recipe':<24} {'backend':<9} quantizers"]
+  lines += [f"{g:<26} {l:<8} {r:<24} {b:<9} {q}" for g, l, r, b, q in rows(plan, cfg)]
+  lines += recipe_options(plan)
+  share = ", ".join(f"{k} {v:.1%}" for k, v in flops_share(plan, gemm_flops).items())
+  lines.append(f"share of training FLOPs: {share}")
+  return "\n".join(lines)
