@@ -1,9 +1,43 @@
-"""The training entry point: python -m MaxText.train CONFIG.yml [key=value ...] (or python train.py ...)."""
+"""The training entry point: config -> precision plan -> a built run -> the step loop and its hooks (metrics, eval,
+checkpoints, profiler, stops).
 
+    python train.py CONFIG.yml [key=value ...]     (same as python -m MaxText.train ...)
+
+A mistake in the config or the environment is one line on stderr and exit code 2; SIGTERM is a clean stop
+(exit 0), SIGINT too (exit 130).
+"""
+
+import logging
 import sys
 
-from MaxText.trainer.loop import *  # noqa: F401,F403
-from MaxText.trainer.loop import USER_ERRORS, main, train  # noqa: F401
+from MaxText import config as config_lib
+from MaxText.errors import UserError
+from MaxText.quantization.errors import QuantizationError
+from MaxText.runtime import preemption
+from MaxText.trainer.run import train
+
+# What the CLI prints as one line (exit code 2): the trainer's user errors and the quantization library's.
+USER_ERRORS = (UserError, QuantizationError)
+__all__ = ["USER_ERRORS", "main", "train"]
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+  if not argv or argv[0] in ("-h", "--help"):
+    print(__doc__.strip())
+    return 0 if argv else 2
+  try:
+    cfg = config_lib.load(argv[0], argv[1:])
+    train(cfg)
+  except USER_ERRORS as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:  # Ctrl-C before the trainer took over the signal: nothing started
+    print("interrupted", file=sys.stderr)
+    return 130
+  return preemption.exit_code() if preemption.requested() else 0
+
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -32,6 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 from benchmarks import modes as modes_lib  # noqa: E402
 from MaxText import config, precision, train  # noqa: E402
 from MaxText.model import accounting  # noqa: E402
+from MaxText.model.decoder import abstract_model  # noqa: E402
 from MaxText.runtime import preemption  # noqa: E402
 from MaxText.trainer import optimizer, train_step  # noqa: E402
 from MaxText.trainer.hooks import profiler as profiling  # noqa: E402
@@ -81,7 +82,7 @@ def step_memory(cfg, profile_summary=None):
     return profile_summary["memory"]
   if jax.device_count() != 1:
     return None
-  graphdef, params, rest = train.abstract_model(cfg)
+  graphdef, params, rest = abstract_model(cfg)
   tx = optimizer.make_optimizer(cfg)
   step = train_step.make_train_step(graphdef, tx, precision.plan_from_config(cfg), cfg.gradient_accumulation_steps,
                                     cfg.seed)

@@ -70,12 +70,13 @@ def test_bad_arguments_are_one_line_errors(args, message):
 
 def test_gb300_405b_preset_fits_in_dry_run():
   from MaxText import config, train
+  from MaxText.trainer import preflight
   cfg = config.load(REPO / "configs" / "gb300" / "llama3.1_405b_nvfp4.yml", ["dry_run=true"])
   assert train.train(cfg) == []
   mesh = {"data": 1, "fsdp": 128, "context": 1, "tensor": 1}
-  text, mem = train.summary(cfg, config.RunShape.of(cfg, 128), mesh)
+  text, mem = preflight.summary(cfg, config.RunShape.of(cfg, 128), mesh)
   assert "mesh: data 1 x fsdp 128 x context 1 x tensor 1 (128 device(s))" in text
-  fits, need, have, _ = train.memory_check(cfg, mem, None)
+  fits, need, have, _ = preflight.memory_check(cfg, mem, None)
   assert fits and 60 < need < have and have == pytest.approx(288e9 * 0.9 / 2 ** 30)
 
 

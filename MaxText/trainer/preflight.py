@@ -7,8 +7,9 @@ import os
 import jax
 import numpy as np
 
-from MaxText.model import accounting
 from MaxText import precision
+from MaxText.model import accounting
+from MaxText.model.decoder import abstract_model
 from MaxText.runtime import sharding
 from MaxText.errors import UserError
 
@@ -39,6 +40,14 @@ def planned_devices(cfg, local_count):
   if -1 not in ici + dcn:
     return int(np.prod(ici) * np.prod(dcn)), processes
   return local_count, processes
+
+
+def sharding_plan(cfg, plan, num_devices, num_processes):
+  """{axis: size} of the mesh, after checking that the parameters (built abstractly) and quantization blocks fit it."""
+  mesh_sizes, _, _ = sharding.mesh_shape(cfg, num_devices, num_processes)
+  sharding.param_specs(abstract_model(cfg)[1], mesh_sizes)
+  sharding.check_quantization_blocks(cfg, mesh_sizes, precision.block_sizes(plan))
+  return mesh_sizes
 
 
 def summary(cfg, run_shape, mesh_sizes):
@@ -73,7 +82,7 @@ def print_plan(cfg, plan, run_shape, mesh_sizes, devices):
   """Prints the summary and the precision plan (and, for a dry run, the memory check); returns the estimate."""
   text, mem = summary(cfg, run_shape, mesh_sizes)
   print(text)
-  print("precision plan:\n" + precision.format_plan(plan, cfg))
+  print("precision plan:\n" + precision.format_plan(plan, cfg, accounting.gemm_flops(cfg)))
   if 0 <= cfg.high_precision_from_step < cfg.steps:
     print(f"from step {cfg.high_precision_from_step}: every GEMM in bf16")
   elif cfg.high_precision_from_step >= cfg.steps:

@@ -1,5 +1,5 @@
-"""Building a run: its directory (owned), mesh, sharded state (fresh, resumed or loaded), data, compiled steps,
-checkpointer and writers, gathered in one `Run` the loop reads."""
+"""Building a run: its directory (owned), mesh, sharded state (fresh, resumed or loaded), data, compiled steps and
+the hooks the loop calls (metrics, eval, checkpoints, profiler, stops), gathered in one `Run`."""
 
 import dataclasses
 import json
@@ -13,94 +13,49 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from MaxText.model import accounting
-from MaxText import checkpointing, data, precision
-from MaxText.trainer.hooks import metrics, profiler as profiling
-from MaxText.trainer import optimizer, train_step
-from MaxText.runtime import prefetch, run_lock, sharding
+from MaxText import checkpointing, data
 from MaxText.errors import UserError
-from MaxText.model.decoder import Transformer
-
-
-@dataclasses.dataclass
-class TrainState:
-  """What one step turns into the next: the step count (steps completed), parameters, the amax histories
-  (`rest`, empty unless FP8 delayed scaling) and the optimizer state."""
-  step: int
-  params: typing.Any
-  rest: typing.Any
-  opt_state: typing.Any
-
-  def checkpoint_tree(self):
-    """What a checkpoint holds: parameters, optimizer state and, with delayed scaling, the amax histories."""
-    tree = {"params": self.params, "opt_state": self.opt_state}
-    if jax.tree.leaves(self.rest):
-      tree["amax_history"] = self.rest
-    return tree
-
-
-class StepFunctions:
-  """The compiled train steps a run needs, never one per step: the plan's, the all-BF16 one from
-  high_precision_from_step, and each with telemetry every quantization_stats_period; plus the eval step."""
-
-  def __init__(self, cfg, graphdef, tx, plan, state_shardings):
-    self.cfg, self.graphdef, self.tx, self.state_shardings = cfg, graphdef, tx, state_shardings
-    self.plans = {False: plan, True: precision.plan_from_config(cfg, high_precision=True)}
-    self._compiled = {}
-    self.eval_step = train_step.make_eval_step(graphdef, plan) if cfg.eval_interval else None
-
-  def for_step(self, step):
-    """(plan, jitted step function) for `step`."""
-    cfg = self.cfg
-    high = 0 <= cfg.high_precision_from_step <= step
-    plan = self.plans[high]
-    stats = plan.quantized and cfg.quantization_stats_period > 0 and step % cfg.quantization_stats_period == 0
-    if (high, stats) not in self._compiled:
-      self._compiled[high, stats] = (plan, train_step.make_train_step(
-          self.graphdef, self.tx, plan, cfg.gradient_accumulation_steps, cfg.seed,
-          num_layers=cfg.base_num_decoder_layers if stats else 0, state_shardings=self.state_shardings))
-    return self._compiled[high, stats]
+from MaxText.model import accounting
+from MaxText.model.decoder import Transformer, abstract_model
+from MaxText.runtime import prefetch, run_lock, sharding
+from MaxText.trainer import optimizer
+from MaxText.trainer.hooks import metrics, profiler
+from MaxText.trainer.hooks.checkpoint import CheckpointHook
+from MaxText.trainer.hooks.eval import EvalHook
+from MaxText.trainer.hooks.preemption import StopHook
+from MaxText.trainer.train_step import StepFunctions, TrainState
 
 
 @dataclasses.dataclass
 class Run:
-  """Everything the loop uses; `close()` releases what was opened, in reverse."""
-  cfg: typing.Any
-  out_dir: str
-  run_shape: typing.Any
+  """What the loop runs (state, steps, batches, hooks) on `mesh`, and what `close()` releases, in reverse."""
   mesh: typing.Any
-  batch_sharding: typing.Any
-  data_iter: typing.Any
-  batches: prefetch.Prefetcher
-  steps: StepFunctions
   state: TrainState
+  steps: StepFunctions
+  batches: prefetch.Prefetcher
+  hooks: list
   checkpointer: typing.Optional[checkpointing.Checkpointer]
-  writer: metrics.MetricsWriter
-  profiler: profiling.Profiler
+  closing: list  # what to close when the run is over, in the order it was opened (hooks included)
   lock: typing.Optional[run_lock.RunLock]
-  flops: typing.Any = None
-  schedule: typing.Any = None
-
-  def data_position(self, position):
-    """{process index: iterator position} of every process (each reads its own slice), gathered to all."""
-    return _gather_positions(position)
 
   def close(self):
-    self.batches.close()
-    self.data_iter.close()
+    """Closes everything, newest first, even if one fails (the first failure is raised after); releases the lock."""
     try:
-      self.profiler.close()
-      self.writer.close()
-      if self.checkpointer is not None:
-        self.checkpointer.close()
+      _close_all(self.closing)
     finally:
       if self.lock is not None:
         self.lock.release()
 
 
-def abstract_model(cfg):
-  """(graphdef, params, rest) of the model with shapes only (nothing allocated)."""
-  return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(cfg.seed))), nnx.Param, ...)
+def _close_all(things):
+  failure = None
+  for thing in reversed(things):
+    try:
+      thing.close()
+    except Exception as e:  # pylint: disable=broad-except  (the rest must still close; the first is raised after)
+      failure = failure or e
+  if failure is not None:
+    raise failure
 
 
 def init_sharded(cfg, mesh):
@@ -212,6 +167,25 @@ def _state(cfg, mesh, checkpointer, data_iter, process_index):
   return graphdef, tx, TrainState(step, tree["params"], tree.get("amax_history", rest), tree["opt_state"])
 
 
+def _hooks(cfg, run_shape, steps, batch_sharding, checkpointer, writer, out_dir, process_index, process_count):
+  """The loop's hooks, in the order they run: eval (adds to the step's record), metrics (writes it), checkpoint
+  (flushes the metrics, then saves), profiler, stop."""
+  hooks = []
+  if steps.eval_step is not None:
+    hooks.append(EvalHook(steps.eval_step, lambda: data.make_eval_iterator(cfg, run_shape, process_index, process_count),
+                          lambda batch: global_batch(batch, batch_sharding), every=cfg.eval_interval,
+                          eval_steps=cfg.eval_steps, last_step=cfg.steps))
+  hooks.append(metrics.MetricsHook(writer, flops=accounting.training_flops_per_device(cfg),
+                                   tokens_per_device=run_shape.tokens_per_step / run_shape.num_devices,
+                                   schedule=optimizer.learning_rate_schedule(cfg)))
+  if checkpointer is not None:
+    hooks.append(CheckpointHook(checkpointer, last_step=cfg.steps, gather_positions=_gather_positions,
+                                before_save=writer.flush))
+  hooks.append(profiler.ProfilerHook(profiler.Profiler(cfg, out_dir, enabled=process_index == 0)))
+  hooks.append(StopHook(checkpointer.directory if checkpointer is not None else None))
+  return hooks
+
+
 def build(cfg, plan, run_shape, devices, process_index, process_count, out_dir):
   """The Run for `cfg`, resumed where its checkpoints (or load_* paths) say."""
   lock = _own_directory(cfg, out_dir, process_index)
@@ -220,6 +194,7 @@ def build(cfg, plan, run_shape, devices, process_index, process_count, out_dir):
     mesh = sharding.make_mesh(cfg, devices)
     batch_sharding = sharding.batch_sharding(mesh)
     data_iter = data.make_iterator(cfg, run_shape, process_index, process_count)  # before the model: bad data fails fast
+    opened.append(data_iter)
     checkpointer = None
     if cfg.enable_checkpointing:
       checkpointer = checkpointing.Checkpointer(os.path.join(out_dir, "checkpoints"), period=cfg.checkpoint_period,
@@ -231,14 +206,17 @@ def build(cfg, plan, run_shape, devices, process_index, process_count, out_dir):
     writer = metrics.MetricsWriter(out_dir, tensorboard=cfg.enable_tensorboard, flush_period=cfg.log_period,
                                    enabled=process_index == 0, first_step=state.step)
     opened.append(writer)
+    steps = StepFunctions(cfg, graphdef, tx, plan, shardings)
+    hooks = _hooks(cfg, run_shape, steps, batch_sharding, checkpointer, writer, out_dir, process_index,
+                   process_count)
+    opened[:] = [data_iter, *hooks]  # the hooks close what they hold: the writer, the checkpointer, the profiler
     batches = prefetch.Prefetcher(data_iter, lambda b: global_batch(b, batch_sharding), cfg.data_prefetch_depth)
-    return Run(cfg, out_dir, run_shape, mesh, batch_sharding, data_iter, batches,
-               StepFunctions(cfg, graphdef, tx, plan, shardings), state, checkpointer, writer,
-               profiling.Profiler(cfg, out_dir, enabled=process_index == 0), lock,
-               flops=accounting.training_flops_per_device(cfg), schedule=optimizer.learning_rate_schedule(cfg))
+    opened.append(batches)
+    return Run(mesh, state, steps, batches, hooks, checkpointer, opened, lock)
   except BaseException:
-    for thing in reversed(opened):
-      thing.close()
-    if lock is not None:
-      lock.release()
+    try:
+      _close_all(opened)
+    finally:
+      if lock is not None:
+        lock.release()
     raise

@@ -1,13 +1,35 @@
-"""The pure step functions: loss of a micro-batch, the jitted train step (accumulation, clipping, AdamW), eval."""
+"""The step functions: loss of a micro-batch, the jitted train step (accumulation, clipping, AdamW) and eval step, the
+TrainState a step advances, and the few compiled variants a run needs (StepFunctions)."""
+
+import dataclasses
+import typing
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from MaxText import precision
 from MaxText.model import vocab_tiling
-from MaxText.model.decoder import GEMMS
+from MaxText.precision import GEMMS
 from MaxText.quantization import stats as quant_stats
+
+
+@dataclasses.dataclass
+class TrainState:
+  """What one step turns into the next: the step count (steps completed), parameters, the amax histories
+  (`rest`, empty unless FP8 delayed scaling) and the optimizer state."""
+  step: int
+  params: typing.Any
+  rest: typing.Any
+  opt_state: typing.Any
+
+  def checkpoint_tree(self):
+    """What a checkpoint holds: parameters, optimizer state and, with delayed scaling, the amax histories."""
+    tree = {"params": self.params, "opt_state": self.opt_state}
+    if jax.tree.leaves(self.rest):
+      tree["amax_history"] = self.rest
+    return tree
 
 
 def loss_terms(model, batch, layer_precisions, key, stats_sinks=None):
@@ -73,3 +95,26 @@ def make_eval_step(graphdef, plan):
   def eval_fn(params, rest, batch):
     return loss_terms(nnx.merge(graphdef, params, rest), batch, plan.layer_ranges, jax.random.key(0))
   return jax.jit(eval_fn)
+
+
+class StepFunctions:
+  """The compiled train steps a run needs, never one per step: the plan's, the all-BF16 one from
+  high_precision_from_step, and each with telemetry every quantization_stats_period; plus the eval step."""
+
+  def __init__(self, cfg, graphdef, tx, plan, state_shardings):
+    self.cfg, self.graphdef, self.tx, self.state_shardings = cfg, graphdef, tx, state_shardings
+    self.plans = {False: plan, True: precision.plan_from_config(cfg, high_precision=True)}
+    self._compiled = {}
+    self.eval_step = make_eval_step(graphdef, plan) if cfg.eval_interval else None
+
+  def for_step(self, step):
+    """(plan, jitted step function) for `step`."""
+    cfg = self.cfg
+    high = 0 <= cfg.high_precision_from_step <= step
+    plan = self.plans[high]
+    stats = plan.quantized and cfg.quantization_stats_period > 0 and step % cfg.quantization_stats_period == 0
+    if (high, stats) not in self._compiled:
+      self._compiled[high, stats] = (plan, make_train_step(
+          self.graphdef, self.tx, plan, cfg.gradient_accumulation_steps, cfg.seed,
+          num_layers=cfg.base_num_decoder_layers if stats else 0, state_shardings=self.state_shardings))
+    return self._compiled[high, stats]

@@ -32,7 +32,7 @@ def test_mesh_shape_from_ici_and_dcn_keys():
 def test_param_specs_and_block_checks():
   import jax
   from jax.sharding import PartitionSpec as P
-  from MaxText.trainer.run_setup import abstract_model
+  from MaxText.model.decoder import abstract_model
   _, params, _ = abstract_model(_cfg())
   specs = sharding.param_specs(params, {"data": 1, "fsdp": 4, "context": 1, "tensor": 2})
   flat = {sharding.param_path(p): s for p, s in jax.tree_util.tree_flatten_with_path(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from MaxText import config, train
-from MaxText.trainer import run_setup
+from MaxText.trainer import run_setup, train_step
 from tests.conftest import JAX_CACHE, REPO
 
 # vocab_size: the byte tokenizer's 258, so the grain-data tests compile the same programs as the synthetic ones.
@@ -131,7 +131,7 @@ def test_high_precision_switch_past_the_end_is_not_announced(tmp_path, capsys):
 def _slow_and_poisoned(monkeypatch, nan_at=None, sleep=0.0):
   """Wrap the real compiled steps: each also waits `sleep` s on the device, and step `nan_at` reports a NaN loss."""
   import time  # pylint: disable=import-outside-toplevel
-  real = run_setup.StepFunctions.for_step
+  real = train_step.StepFunctions.for_step
 
   def slow(step_metrics, step):
     def wait(_):
@@ -148,7 +148,7 @@ def _slow_and_poisoned(monkeypatch, nan_at=None, sleep=0.0):
       return (*state, post(step_metrics, args[-1]))
     wrapped.lower = fn.lower
     return plan, wrapped
-  monkeypatch.setattr(run_setup.StepFunctions, "for_step", for_step)
+  monkeypatch.setattr(train_step.StepFunctions, "for_step", for_step)
 
 
 def test_step_seconds_are_between_completions_under_asynchrony(tmp_path, monkeypatch):

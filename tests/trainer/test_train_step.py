@@ -15,7 +15,7 @@ from MaxText.model import accounting
 from MaxText import config, precision, train
 from tests import hlo_dots
 from MaxText.trainer import optimizer, train_step
-from MaxText.model.decoder import Transformer
+from MaxText.model.decoder import Transformer, abstract_model
 from tests.conftest import REPO
 from tests.trainer.test_train import SMALL
 
@@ -28,7 +28,7 @@ def _cfg(*extra):
 
 
 def _step_and_args(cfg):
-  graphdef, params, rest = train.abstract_model(cfg)
+  graphdef, params, rest = abstract_model(cfg)
   tx = optimizer.make_optimizer(cfg)
   step = train_step.make_train_step(graphdef, tx, precision.plan_from_config(cfg), 1, cfg.seed)
   b, l = int(cfg.per_device_batch_size), cfg.max_target_length

@@ -1,12 +1,18 @@
-"""Per-step metrics: MaxText's stdout line, a JSON-lines file and TensorBoard events under the run dir."""
+"""Per-step metrics: MaxText's stdout line, a JSON-lines file and TensorBoard events under the run dir (MetricsHook)."""
 
 import contextlib
 import json
 import os
 import pathlib
 
+import jax
 
-class MetricsError(Exception):
+from MaxText import precision
+from MaxText.errors import UserError
+from MaxText.trainer.loop import Hook
+
+
+class MetricsError(UserError):
   """The metrics files can't be written (disk full, directory gone): an environment error, one line."""
 
 
@@ -91,3 +97,35 @@ class MetricsWriter:
         pass
       if self.tb is not None:
         self.tb.close()
+
+
+class MetricsHook(Hook):
+  """Each finished step: MaxText's line on stdout and its record (loss, seconds, TFLOP/s and tokens/s per device,
+  weights, gradient norm, learning rate, quantization telemetry) for `writer`; records are written when the loop
+  hands the steps over, after other hooks (eval) added theirs."""
+
+  def __init__(self, writer: MetricsWriter, *, flops, tokens_per_device, schedule):
+    self.writer, self.flops, self.tokens_per_device, self.schedule = writer, flops, tokens_per_device, schedule
+
+  def on_step(self, result, progress):
+    seconds = result.seconds
+    result.record.update({
+        "loss": result.loss, "seconds": seconds, "TFLOP/s/device": self.flops.tflops / seconds,
+        "Tokens/s/device": self.tokens_per_device / seconds,
+        "total_weights": float(result.metrics["total_weights"]), "grad_norm": float(result.metrics["grad_norm"]),
+        "learning_rate": float(self.schedule(result.step))})
+    if "quant_stats" in result.metrics:
+      result.record.update(precision.stats_record(result.plan, jax.device_get(result.metrics["quant_stats"])))
+    record = result.record
+    print(step_line(result.step, seconds, record["TFLOP/s/device"], record["Tokens/s/device"], record["total_weights"],
+                    result.loss), flush=True)
+
+  def after_steps(self, results, progress, sync):
+    for result in results:
+      self.writer.write(result.step, result.record)
+
+  def flush(self):
+    self.writer.flush()
+
+  def close(self):
+    self.writer.close()

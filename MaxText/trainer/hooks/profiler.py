@@ -24,6 +24,7 @@ import jax
 
 from MaxText.model import accounting
 from MaxText.config import ConfigError
+from MaxText.trainer.loop import Hook
 
 CATEGORIES = ("gemm", "attention", "quantization/elementwise", "collective", "copy/transpose", "other")
 TOP_KERNELS, PRINTED_KERNELS = 40, 10  # kept in profile_summary.json / printed
@@ -394,3 +395,24 @@ def format_summary(summary):
   lines += [f"  {'':<13}{k['ms_per_step']:>9.2f} {k['calls_per_step']:>6.1f}  {k['category']:<26} {k['name'][:90]}"
             for k in summary["top_kernels"][:PRINTED_KERNELS]]
   return "\n".join(lines)
+
+
+class ProfilerHook(Hook):
+  """The profile window as the loop's events: the loop drains before its first step and after its last, so the
+  trace holds the profiled steps only and the summary reads them finished."""
+
+  def __init__(self, profiler: Profiler):
+    self.profiler = profiler
+
+  def needs_sync(self, step):
+    return self.profiler.starts_at(step) or self.profiler.ends_at(step - 1)
+
+  def before_step(self, step):
+    self.profiler.before_step(step)
+
+  def on_step(self, result, progress):
+    outputs = (progress.state.params, progress.state.opt_state)
+    return self.profiler.after_step(result.step, outputs, result.compiled) is not None
+
+  def close(self):
+    self.profiler.close()
