@@ -13,7 +13,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # One persistent compilation cache for the whole test run (pytest-xdist workers inherit it from the controller):
 # the many small trainings of the suite compile the same steps, and each compiles once.
 JAX_CACHE = os.environ.setdefault("MAXTEXT_TEST_JAX_CACHE", tempfile.mkdtemp(prefix="maxtext-test-jax-cache-"))
-GOLDEN = pathlib.Path(os.environ.get("NVFP4_GOLDEN_DIR", REPO.parent / "shared" / "golden" / "nvfp4"))
+# Transformer Engine's reference NVFP4 cases (tests/data/golden/nvfp4/README.md), in the repo; NVFP4_GOLDEN_DIR may
+# name a directory of the same layout whose cases are checked too (never instead).
+GOLDEN_DIRS = [REPO / "tests" / "data" / "golden" / "nvfp4"] + (
+    [pathlib.Path(os.environ["NVFP4_GOLDEN_DIR"])] if os.environ.get("NVFP4_GOLDEN_DIR") else [])
 # Compiling is most of the suite's time on CPU, and about a third of that is LLVM optimizing code that runs for
 # milliseconds: on CPU-only machines the suite compiles at XLA's backend optimization level 0. The quantizers' bits
 # are the same at every level (elementwise code, no fast math or FP contraction:
@@ -39,19 +42,23 @@ def pytest_collection_modifyitems(items):
 
 
 def golden_cases(kind):
-  """[(name, meta, arrays)] for quantize/ or linear/, or [] when the golden data isn't beside the repo."""
-  index = GOLDEN / kind / "index.json"
-  if not index.exists():
-    return []
-  return [(c["name"], c, dict(np.load(GOLDEN / kind / f"{c['name']}.npz")))
-          for c in json.loads(index.read_text())]
+  """[(name, meta, arrays)] for quantize/ or linear/: the repo's cases, then NVFP4_GOLDEN_DIR's (named by their
+  directory where a name repeats)."""
+  cases = []
+  for i, directory in enumerate(GOLDEN_DIRS):
+    index = directory / kind / "index.json"
+    if not index.exists():
+      if i == 0:
+        raise FileNotFoundError(f"the golden NVFP4 cases are missing: {index}")
+      continue
+    for c in json.loads(index.read_text()):
+      name = c["name"] if i == 0 else f"{directory.name}/{c['name']}"
+      cases.append((name, c, dict(np.load(directory / kind / f"{c['name']}.npz"))))
+  return cases
 
 
 def golden_params(kind):
-  cases = golden_cases(kind)
-  if not cases:
-    return [pytest.param(None, marks=pytest.mark.skip(reason=f"no golden data under {GOLDEN}"))]
-  return [pytest.param(c, id=c[0]) for c in cases]
+  return [pytest.param(c, id=c[0]) for c in golden_cases(kind)]
 
 
 def division_modes():
