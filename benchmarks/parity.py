@@ -382,7 +382,8 @@ def write_outputs(out, args, overrides, seeds, curves, evals, eval_tokens):
       "eval_tokens": {m: {str(s): v for s, v in by_seed.items()} for m, by_seed in eval_tokens.items()},
       "table": rows}, indent=1) + "\n", encoding="utf-8")
   (out / "parity.md").write_text(f"{header}\n\n{table}\n", encoding="utf-8")
-  title = (textwrap.fill(header, 130) + "\n" + (f"mean smoothed gap over {len(seeds)} seeds with its 95% CI band" if len(seeds) > 1
+  title = (textwrap.fill(header, 130) + "\n"
+           + (f"mean smoothed gap over {len(seeds)} seeds with its 95% CI band" if len(seeds) > 1
                             else "one seed: no confidence interval"))
   plot(curves, evals, out / "parity.png", title)
   print(f"\n{header}\n\n{table}\n\nwrote {out}/curves.json, parity.md, parity.png", flush=True)

@@ -1,4 +1,5 @@
-"""Micro-benchmark: each operand quantizer per implementation (XLA path, Pallas kernels), in GB/s and % of copy bandwidth.
+"""Micro-benchmark: each operand quantizer per implementation (XLA path, Pallas kernels), in GB/s and % of copy
+bandwidth.
 
     python benchmarks/quantize_bench.py [--shape 8192x16384] [--impls xla,pallas] [--iters 20] [--json out.json]
                                         [--matmul-shapes 1024x1024x1024,...]
@@ -96,7 +97,8 @@ def _fwd_bwd(recipe, kernels):
   # A random output cotangent, as in training: with sum()'s constant ones XLA would constant-fold the
   # gradient's quantization at compile time and time less than a training step does.
   def fwd_bwd(x, w, dy, key):
-    _, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=key, backend=backends.Choice.EMULATE, kernels=Kernels(kernels)), x, w)
+    matmul = lambda x, w: qmatmul(x, w, recipe, key=key, backend=backends.Choice.EMULATE, kernels=Kernels(kernels))
+    _, vjp = jax.vjp(matmul, x, w)
     return vjp(dy)
   return jax.jit(fwd_bwd)
 

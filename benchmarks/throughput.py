@@ -30,7 +30,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from benchmarks import modes as modes_lib  # noqa: E402
-from MaxText import config, precision, train  # noqa: E402
+from MaxText import config, precision  # noqa: E402
 from MaxText.model import accounting  # noqa: E402
 from MaxText.model.decoder import abstract_model  # noqa: E402
 from MaxText.runtime import preemption  # noqa: E402

@@ -9,5 +9,17 @@ from MaxText.config.loading import Config, load, parse_overrides
 from MaxText.config.schema import INT32_MAX, MESH_AXES, RANGES, SCHEMA, ConfigError, Key
 from MaxText.config.validation import check_job
 
-__all__ = ["INT32_MAX", "MESH_AXES", "RANGES", "SCHEMA", "Config", "ConfigError", "Key", "RunShape", "check_job",
-           "load", "parse_overrides", "write_base_yml"]
+__all__ = [
+  "INT32_MAX",
+  "MESH_AXES",
+  "RANGES",
+  "SCHEMA",
+  "Config",
+  "ConfigError",
+  "Key",
+  "RunShape",
+  "check_job",
+  "load",
+  "parse_overrides",
+  "write_base_yml",
+]

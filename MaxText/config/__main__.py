@@ -21,8 +21,10 @@ def _check_cli(args):
       raise ConfigError(f"{args[0]} needs a positive integer")
     job[args[0]], args = int(args[1]), args[2:]
   if not args or args[0].startswith("-"):
-    raise ConfigError("--check needs a config file: python -m MaxText.config --check [--nodes N "
-                      "--gpus-per-node G] CONFIG [key=value ...]")
+    raise ConfigError(
+      "--check needs a config file: python -m MaxText.config --check [--nodes N "
+      "--gpus-per-node G] CONFIG [key=value ...]"
+    )
   return args[0], args[1:], job["--nodes"], job["--gpus-per-node"]
 
 

@@ -9,8 +9,11 @@ from MaxText.config.schema import SCHEMA
 
 def write_base_yml(path):
   """configs/base.yml: every key with its default and doc, generated from SCHEMA."""
-  lines = ["# All keys with their defaults. Generated from MaxText/config/schema.py SCHEMA:",
-           "#   python -m MaxText.config > configs/base.yml", ""]
+  lines = [
+    "# All keys with their defaults. Generated from MaxText/config/schema.py SCHEMA:",
+    "#   python -m MaxText.config > configs/base.yml",
+    "",
+  ]
   for name, key in SCHEMA.items():
     choices = f" [{', '.join(repr(c) if c == '' else str(c) for c in key.choices)}]" if key.choices else ""
     lines.append(f"# {key.doc}{choices}")

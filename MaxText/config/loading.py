@@ -81,9 +81,15 @@ def _field(key: Key):
 
 # A validated run configuration: every SCHEMA key as a frozen attribute.
 Config = dataclasses.make_dataclass(
-    "Config", [(n, k.type, _field(k)) for n, k in SCHEMA.items()], frozen=True,
-    namespace={"__post_init__": lambda self: validate(self), "replace": _replace,
-               "to_dict": lambda self: {n: getattr(self, n) for n in SCHEMA}})
+  "Config",
+  [(n, k.type, _field(k)) for n, k in SCHEMA.items()],
+  frozen=True,
+  namespace={
+    "__post_init__": lambda self: validate(self),
+    "replace": _replace,
+    "to_dict": lambda self: {n: getattr(self, n) for n in SCHEMA},
+  },
+)
 
 
 def load(config_path, overrides=()):

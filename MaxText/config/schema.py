@@ -66,7 +66,8 @@ SCHEMA = {
     "weight_dtype": Key(str, "float32", "parameter (master weight) dtype", ("float32", "bfloat16")),
     "quantization": Key(str, "", "precision recipe of the MLP GEMMs ('' = BF16)", tuple([""] + recipe_names())),
     "quantization_scope": Key(str, "mlp", "GEMMs that run `quantization`: mlp (the published recipe) or "
-                              "all_dense (attention q/k/v/o projections too, MaxText's behaviour)", ("mlp", "all_dense")),
+                              "all_dense (attention q/k/v/o projections too, MaxText's behaviour)",
+                              ("mlp", "all_dense")),
     "attention_quantization": Key(str, "", "recipe of the attention q/k/v/o projections when "
                                   "quantization_scope=mlp ('' = BF16)", tuple([""] + recipe_names())),
     "quantization_bf16_first_layers": Key(int, 0, "keep this many first decoder layers unquantized (BF16)"),
@@ -120,7 +121,8 @@ SCHEMA = {
     "scan_layers": Key(bool, True, "run the decoder layers with lax.scan (one compiled layer)"),
     "remat_policy": Key(str, "full", "activation rematerialization per layer: none, full (recompute the layer), "
                         "minimal (keep the q/k/v/o and MLP GEMM outputs), +_with_context (and the attention "
-                        "output, with cuDNN its softmax statistics too), +_with_quantization (and the quantized operands the backward GEMMs reuse)",
+                        "output, with cuDNN its softmax statistics too), +_with_quantization (and the quantized "
+                        "operands the backward GEMMs reuse)",
                         ("none", "minimal", "minimal_with_context", "minimal_with_quantization",
                          "minimal_with_context_and_quantization", "full")),
     "attention": Key(str, "dot_product", "attention kernel: XLA dot_product, or cuDNN flash on GPU",

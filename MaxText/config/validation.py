@@ -9,8 +9,19 @@ from MaxText.quantization.recipes import get_recipe, recipe_names
 
 def validate(c):
   """ConfigError for the first cross-key mistake in Config `c`."""
-  positive = ("steps", "max_target_length", "gradient_accumulation_steps", "base_emb_dim", "base_num_query_heads",
-              "base_num_kv_heads", "head_dim", "base_mlp_dim", "base_num_decoder_layers", "vocab_size", "log_period")
+  positive = (
+    "steps",
+    "max_target_length",
+    "gradient_accumulation_steps",
+    "base_emb_dim",
+    "base_num_query_heads",
+    "base_num_kv_heads",
+    "head_dim",
+    "base_mlp_dim",
+    "base_num_decoder_layers",
+    "vocab_size",
+    "log_period",
+  )
   for name in positive:
     if getattr(c, name) <= 0:
       raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
@@ -27,8 +38,10 @@ def validate(c):
   if c.load_parameters_path and c.load_full_state_path:
     raise ConfigError("set load_parameters_path or load_full_state_path, not both")
   if c.dataset_type == "grain" and not c.grain_train_files:
-    raise ConfigError("dataset_type=grain needs grain_train_files (a glob of ArrayRecord shards); "
-                      "python scripts/prepare_data.py --corpus shakespeare writes some")
+    raise ConfigError(
+      "dataset_type=grain needs grain_train_files (a glob of ArrayRecord shards); "
+      "python scripts/prepare_data.py --corpus shakespeare writes some"
+    )
   if c.dataset_type == "tfds" and not (c.dataset_path and c.dataset_name):
     raise ConfigError("dataset_type=tfds needs dataset_path and dataset_name")
   if c.amax_history_len < 1:
@@ -41,23 +54,31 @@ def validate(c):
   if not 0 <= c.warmup_steps_fraction <= 1:
     raise ConfigError(f"warmup_steps_fraction={c.warmup_steps_fraction} must be in [0, 1]")
   if c.base_num_query_heads % c.base_num_kv_heads:
-    raise ConfigError(f"base_num_query_heads={c.base_num_query_heads} must be a multiple of "
-                      f"base_num_kv_heads={c.base_num_kv_heads}")
+    raise ConfigError(
+      f"base_num_query_heads={c.base_num_query_heads} must be a multiple of base_num_kv_heads={c.base_num_kv_heads}"
+    )
   if len(c.mlp_activations) != 2 or any(a not in ("silu", "gelu", "relu", "linear") for a in c.mlp_activations):
-    raise ConfigError(f"mlp_activations={c.mlp_activations} must be two of silu, gelu, relu, linear "
-                      "(gate, up), e.g. [silu, linear]")
+    raise ConfigError(
+      f"mlp_activations={c.mlp_activations} must be two of silu, gelu, relu, linear (gate, up), e.g. [silu, linear]"
+    )
   edge = c.quantization_bf16_first_layers + c.quantization_bf16_last_layers
   if min(c.quantization_bf16_first_layers, c.quantization_bf16_last_layers) < 0 or edge > c.base_num_decoder_layers:
-    raise ConfigError(f"quantization_bf16_first_layers + quantization_bf16_last_layers = {edge} must be between 0 "
-                      f"and base_num_decoder_layers={c.base_num_decoder_layers}")
+    raise ConfigError(
+      f"quantization_bf16_first_layers + quantization_bf16_last_layers = {edge} must be between 0 "
+      f"and base_num_decoder_layers={c.base_num_decoder_layers}"
+    )
   if c.run_name in (".", "..") or any(sep in c.run_name for sep in ("/", "\\", "\0")):
-    raise ConfigError(f"run_name={c.run_name!r} must be a plain directory name (no '/', '..'): outputs go to "
-                      "base_output_directory/run_name")
+    raise ConfigError(
+      f"run_name={c.run_name!r} must be a plain directory name (no '/', '..'): outputs go to "
+      "base_output_directory/run_name"
+    )
   if c.head_dim % 2:
     raise ConfigError(f"head_dim={c.head_dim} must be even (RoPE rotates pairs)")
   if c.num_vocab_tiling < 1 or c.max_target_length % c.num_vocab_tiling:
-    raise ConfigError(f"num_vocab_tiling={c.num_vocab_tiling} must be >= 1 and divide max_target_length="
-                      f"{c.max_target_length} (the lm head runs in tiles of the sequence)")
+    raise ConfigError(
+      f"num_vocab_tiling={c.num_vocab_tiling} must be >= 1 and divide max_target_length="
+      f"{c.max_target_length} (the lm head runs in tiles of the sequence)"
+    )
   _validate_ranges_across_keys(c)
 
 
@@ -70,13 +91,17 @@ def _validate_nvfp4_options(c):
   recipes = [c.quantization] + ([c.attention_quantization] if c.quantization_scope == "mlp" else [])
   if changed and not any(get_recipe(r).format is Format.NVFP4 for r in recipes):
     first, *others = [n for n in recipe_names() if get_recipe(n).format is Format.NVFP4]
-    raise ConfigError(f"{', '.join(changed)} applies to the NVFP4 recipes only, but quantization="
-                      f"{c.quantization!r} and attention_quantization={c.attention_quantization!r}; set quantization="
-                      f"{first} (or {', '.join(others)}), or drop the option")
+    raise ConfigError(
+      f"{', '.join(changed)} applies to the NVFP4 recipes only, but quantization="
+      f"{c.quantization!r} and attention_quantization={c.attention_quantization!r}; set quantization="
+      f"{first} (or {', '.join(others)}), or drop the option"
+    )
   if c.nvfp4_4over6 == "gradients" and c.nvfp4_backward_override != "none":
-    raise ConfigError(f"nvfp4_4over6=gradients does nothing with nvfp4_backward_override="
-                      f"{c.nvfp4_backward_override}: the backward doesn't quantize gradients; use nvfp4_4over6=all, "
-                      "weights or activations, or nvfp4_backward_override=none")
+    raise ConfigError(
+      f"nvfp4_4over6=gradients does nothing with nvfp4_backward_override="
+      f"{c.nvfp4_backward_override}: the backward doesn't quantize gradients; use nvfp4_4over6=all, "
+      "weights or activations, or nvfp4_backward_override=none"
+    )
 
 
 def _validate_ranges_across_keys(c):
@@ -85,15 +110,19 @@ def _validate_ranges_across_keys(c):
     if getattr(c, name) == 0:
       raise ConfigError(f"{name}=0 must be -1 (the remaining devices) or >= 1")
   if c.rope_type == "llama3.1" and c.rope_high_freq_factor <= c.rope_low_freq_factor:
-    raise ConfigError(f"rope_high_freq_factor={c.rope_high_freq_factor} must be > rope_low_freq_factor="
-                      f"{c.rope_low_freq_factor} (llama3.1 RoPE interpolates between them; Llama 3.1 uses 4 and 1)")
+    raise ConfigError(
+      f"rope_high_freq_factor={c.rope_high_freq_factor} must be > rope_low_freq_factor="
+      f"{c.rope_low_freq_factor} (llama3.1 RoPE interpolates between them; Llama 3.1 uses 4 and 1)"
+    )
 
 
 def check_job(cfg, nodes, devices_per_node):
   """The mesh keys against a job of `nodes` processes of `devices_per_node` devices each (submit.sh runs this
   before sbatch, where there may be no jax: the trainer's mesh forms from the same keys)."""
-  for kind, count, unit, flag in (("dcn", nodes, "node(s)", "--nodes"),
-                                  ("ici", devices_per_node, "GPU(s) per node", "--gpus-per-node")):
+  for kind, count, unit, flag in (
+    ("dcn", nodes, "node(s)", "--nodes"),
+    ("ici", devices_per_node, "GPU(s) per node", "--gpus-per-node"),
+  ):
     values = [getattr(cfg, f"{kind}_{a}_parallelism") for a in MESH_AXES]
     named = ", ".join(f"{kind}_{a}_parallelism={v}" for a, v in zip(MESH_AXES, values) if v != 1) or f"{kind}_* = 1"
     if values.count(-1) > 1:
@@ -101,5 +130,4 @@ def check_job(cfg, nodes, devices_per_node):
     fixed = math.prod(v for v in values if v != -1)
     if (count % fixed) if -1 in values else (count != fixed):
       need = f"a multiple of {fixed}" if -1 in values else f"exactly {fixed}"
-      raise ConfigError(f"{flag} {count}: the config's {named} needs {need} {unit}; change {flag} or the "
-                        f"{kind}_* keys")
+      raise ConfigError(f"{flag} {count}: the config's {named} needs {need} {unit}; change {flag} or the {kind}_* keys")

@@ -22,8 +22,8 @@ class Dense(nnx.Module):
   """y = x . kernel with kernel [in, out] in weight_dtype; every call goes through one dot_general hook.
 
   The output is tagged with `remat_name` (MaxText's names: query_proj, mlpwo, ...) for the remat
-  policies that save GEMM outputs. The hook is `dot_general(x, kernel, precision, key, stats_sink)`: the quantized matmul of the
-  recipe that the caller passes per call, so one (possibly scanned) layer can run under different
+  policies that save GEMM outputs. The hook is `dot_general(x, kernel, precision, key, stats_sink)`: the quantized
+  matmul of the recipe that the caller passes per call, so one (possibly scanned) layer can run under different
   recipes per GEMM kind and per layer. A `stats_sink` (quantization.stats.empty_sink()) asks for
   quantization telemetry, returned as the sink's gradient.
   """

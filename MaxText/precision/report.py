@@ -60,13 +60,17 @@ def recipe_options(plan: PrecisionPlan) -> list:
     parts = []
     if r.nvfp4_4over6 != "none":
       roles = ", ".join(role for role in r.quantized_roles if r.four_over_six(role))
-      parts.append(f"Four Over Six ({r.nvfp4_4over6_err_mode}) on {roles}: each block's max to 6 or 4, the smaller "
-                   "error kept; global scale 6*256/amax")
+      parts.append(
+        f"Four Over Six ({r.nvfp4_4over6_err_mode}) on {roles}: each block's max to 6 or 4, the smaller "
+        "error kept; global scale 6*256/amax"
+      )
     if r.backward_override == "high_precision":
       parts.append("backward_override=high_precision: dgrad and wgrad in the compute dtype on unquantized x, w, dy")
     elif r.backward_override == "dequantized":
-      parts.append("backward_override=dequantized: dgrad and wgrad in the compute dtype on the forward's quantized "
-                   "x and w, dequantized, and unquantized dy")
+      parts.append(
+        "backward_override=dequantized: dgrad and wgrad in the compute dtype on the forward's quantized "
+        "x and w, dequantized, and unquantized dy"
+      )
     lines.append(f"{r.name}: " + "; ".join(parts))
   return lines
 

@@ -20,7 +20,8 @@ _LAZY = {"delayed": ("MaxText.quantization.delayed", None), "qdense": ("MaxText.
          "recipe_names": ("MaxText.quantization.recipes", "recipe_names"),
          "Format": ("MaxText.quantization.formats", "Format"),
          "QuantizedTensor": ("MaxText.quantization.formats.tensor", "QuantizedTensor")}
-__all__ = sorted(_LAZY)
+__all__ = ["Format", "QuantizedTensor", "RECIPES", "Recipe", "delayed", "get_recipe", "qdense", "qmatmul",
+           "recipe_names"]
 
 
 def __getattr__(name):

@@ -39,7 +39,7 @@ class Recipe:
   name: str
   format: Format
   summary: str
-  te_name: typing.Optional[str] = None  # Transformer Engine's recipe class for it (transformer_engine.common.recipe), None if TE has none
+  te_name: typing.Optional[str] = None  # TE's recipe class (transformer_engine.common.recipe); None: TE has none
   disable_rht: bool = False
   disable_stochastic_rounding: bool = False
   disable_2d_quantization: bool = False

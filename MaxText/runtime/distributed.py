@@ -33,7 +33,8 @@ def _local_device_ids():
     value = os.environ.get(var, "").strip()
     if value:
       try:
-        return list(range(len(value.split(",")))) if var == "CUDA_VISIBLE_DEVICES" else [int(v) for v in value.split(",")]
+        ids = value.split(",")
+        return list(range(len(ids))) if var == "CUDA_VISIBLE_DEVICES" else [int(v) for v in ids]
       except ValueError as e:
         raise DistributedError(f"{var}={value!r} is not a comma-separated list of GPU indices") from e
   return None

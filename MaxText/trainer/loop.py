@@ -32,6 +32,7 @@ class NonFiniteLoss(UserError):
 @dataclasses.dataclass
 class StepResult:
   """A finished step as the hooks see it; `record` is its metrics row, filled and written by the hooks."""
+
   step: int
   loss: float
   seconds: float
@@ -44,6 +45,7 @@ class StepResult:
 @dataclasses.dataclass(frozen=True)
 class Progress:
   """Where the loop is: the state after the newest dispatched step, and the data position after its batch."""
+
   state: TrainState
   position: typing.Any
 
@@ -80,6 +82,7 @@ class Hook:
 
 class _Dispatched(typing.NamedTuple):
   """A step handed to the device whose loss hasn't been read yet."""
+
   step: int
   plan: typing.Any
   metrics: dict
@@ -143,8 +146,9 @@ class Loop:
     state = self.state
     plan, step_fn = self.steps.for_step(state.step)
     self._call("before_step", state.step)
-    params, rest, opt_state, step_metrics = step_fn(state.params, state.rest, state.opt_state, placed.arrays,
-                                                    jnp.int32(state.step))
+    params, rest, opt_state, step_metrics = step_fn(
+      state.params, state.rest, state.opt_state, placed.arrays, jnp.int32(state.step)
+    )
     self.in_flight.append(_Dispatched(state.step, plan, step_metrics, step_fn, placed.arrays))
     self.state = TrainState(state.step + 1, params, rest, opt_state)
     self.position = placed.position
@@ -168,8 +172,9 @@ class Loop:
       raise NonFiniteLoss(done.step, loss)
     state = self.state
     args = (state.params, state.rest, state.opt_state, done.batch, jnp.int32(done.step))
-    result = StepResult(done.step, loss, seconds, step_metrics, done.plan,
-                        compiled=lambda: done.step_fn.lower(*args).compile())
+    result = StepResult(
+      done.step, loss, seconds, step_metrics, done.plan, compiled=lambda: done.step_fn.lower(*args).compile()
+    )
     self.losses.append(loss)
     self._call("on_step", result, self._progress())
     return result

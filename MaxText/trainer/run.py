@@ -19,8 +19,9 @@ def train(cfg):
   with preemption.installed():
     process_index, process_count = distributed.initialize(cfg)
     devices = jax.devices()
-    num_devices, num_processes = (preflight.planned_devices(cfg, len(devices)) if cfg.dry_run
-                                  else (len(devices), process_count))
+    num_devices, num_processes = (
+      preflight.planned_devices(cfg, len(devices)) if cfg.dry_run else (len(devices), process_count)
+    )
     run_shape = RunShape.of(cfg, num_devices)
     plan = precision.plan_from_config(cfg)
     mesh_sizes = preflight.sharding_plan(cfg, plan, num_devices, num_processes)

@@ -172,9 +172,9 @@ def _hooks(cfg, run_shape, steps, batch_sharding, checkpointer, writer, out_dir,
   (flushes the metrics, then saves), profiler, stop."""
   hooks = []
   if steps.eval_step is not None:
-    hooks.append(EvalHook(steps.eval_step, lambda: data.make_eval_iterator(cfg, run_shape, process_index, process_count),
-                          lambda batch: global_batch(batch, batch_sharding), every=cfg.eval_interval,
-                          eval_steps=cfg.eval_steps, last_step=cfg.steps))
+    make_iterator = lambda: data.make_eval_iterator(cfg, run_shape, process_index, process_count)
+    hooks.append(EvalHook(steps.eval_step, make_iterator, lambda batch: global_batch(batch, batch_sharding),
+                          every=cfg.eval_interval, eval_steps=cfg.eval_steps, last_step=cfg.steps))
   hooks.append(metrics.MetricsHook(writer, flops=accounting.training_flops_per_device(cfg),
                                    tokens_per_device=run_shape.tokens_per_step / run_shape.num_devices,
                                    schedule=optimizer.learning_rate_schedule(cfg)))
@@ -193,7 +193,7 @@ def build(cfg, plan, run_shape, devices, process_index, process_count, out_dir):
   try:
     mesh = sharding.make_mesh(cfg, devices)
     batch_sharding = sharding.batch_sharding(mesh)
-    data_iter = data.make_iterator(cfg, run_shape, process_index, process_count)  # before the model: bad data fails fast
+    data_iter = data.make_iterator(cfg, run_shape, process_index, process_count)  # before the model: fails fast
     opened.append(data_iter)
     checkpointer = None
     if cfg.enable_checkpointing:

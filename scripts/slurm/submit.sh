@@ -40,21 +40,16 @@ validate_config() {
         "$model_abs" "$@" 2>&1) || rc=$?
   [[ $rc == 0 ]] && return 0
   [[ $rc == 2 ]] && die "${out##*error: }"
-  warn "config and node count not checked here (python3 can't load MaxText/config.py: ${out##*$'\n'};" \
+  warn "config and node count not checked here (python3 can't load MaxText.config: ${out##*$'\n'};" \
     "pip install pyyaml)"
   validate_recipe
 }
-# The recipe name alone, from MaxText/quantization/recipes.py (plain Python) when the config can't be loaded.
+# The recipe name alone, from MaxText/quantization/recipes.py (plain Python: the package loads JAX only when its
+# numerics are used) when the config can't be loaded.
 validate_recipe() {
   local names
-  names=$(python3 - "${REPO}/MaxText/quantization/recipes.py" 2>/dev/null <<'PY'
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("recipes_only", sys.argv[1])
-module = sys.modules["recipes_only"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-print(" ".join(module.recipe_names()))
-PY
-) || return 0
+  names=$(cd "${REPO}" && python3 -c 'from MaxText.quantization.recipes import recipe_names; print(*recipe_names())' \
+          2>/dev/null) || return 0
   [[ -z "$QUANT" || " ${names} " == *" ${QUANT} "* ]] || die "--quantization ${QUANT} is not a recipe; valid: ${names}"
 }
 

@@ -44,7 +44,8 @@ def test_llama_configs_have_the_published_shapes():
     ("steps=abc", "steps='abc' is not a valid int"),
     ("steps=1.5", "steps='1.5' is not a valid int"),
     ("scan_layers=maybe", "scan_layers='maybe' is not a valid bool"),
-    ("remat_policy=some", "remat_policy='some' is not one of: none, minimal, minimal_with_context, minimal_with_quantization,"),
+    ("remat_policy=some",
+     "remat_policy='some' is not one of: none, minimal, minimal_with_context, minimal_with_quantization,"),
     ("quantization=te_nvfp5", "quantization='te_nvfp5' is not one of"),
     ("steps=0", "steps=0 must be > 0"),
     ("base_num_kv_heads=3", "must be a multiple of base_num_kv_heads=3"),
@@ -181,7 +182,8 @@ def test_run_shape_derivations():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["configs/llama3_tiny.yml", "learning_rat=0.1"], "command line: unknown key 'learning_rat' (did you mean 'learning_rate'?)"),
+    (["configs/llama3_tiny.yml", "learning_rat=0.1"],
+     "command line: unknown key 'learning_rat' (did you mean 'learning_rate'?)"),
     (["configs/llama3_tiny.yml", "steps=ten"], "command line: steps='ten' is not a valid int"),
     (["configs/nope.yml"], "config file not found: configs/nope.yml"),
 ])

@@ -155,7 +155,8 @@ def test_plan_shows_the_nvfp4_options_and_the_flops_they_leave_in_bf16(monkeypat
           "x and w, dequantized, and unquantized dy") in text
   per_gemm, total = accounting.gemm_flops(cfg)
   fprop_only = sum(per_gemm[g] for g in ("gate", "up", "down")) * cfg.base_num_decoder_layers / 3
-  assert precision.flops_share(plan, (per_gemm, total))["te_nvfp4"] == pytest.approx(fprop_only / total.total, rel=1e-12)
+  share = precision.flops_share(plan, (per_gemm, total))
+  assert share["te_nvfp4"] == pytest.approx(fprop_only / total.total, rel=1e-12)
   # The Pallas kernels don't implement 4/6: the plan says its operands take the XLA path.
   monkeypatch.setattr(quantizer_impl, "resolve", lambda kernels: quantizer_impl.Kernels.PALLAS)
   assert {q for g, _, _, b, q in precision.rows(plan, cfg) if g == "gate"} == {"pallas (4/6 operands: xla)"}

@@ -110,7 +110,8 @@ def test_setup_mistakes_fail_before_compiling(tmp_path, capsys):
 
 
 def test_sigterm_before_the_first_step_is_a_clean_stop(tmp_path, monkeypatch, capsys):
-  import os, signal  # pylint: disable=import-outside-toplevel,multiple-imports
+  import os
+  import signal  # pylint: disable=import-outside-toplevel,multiple-imports
   real = run_setup.init_sharded
 
   def init_then_sigterm(*args):

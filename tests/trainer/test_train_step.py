@@ -12,7 +12,7 @@ from flax import nnx
 from jax.extend import core as jex_core
 
 from MaxText.model import accounting
-from MaxText import config, precision, train
+from MaxText import config, precision
 from tests import hlo_dots
 from MaxText.trainer import optimizer, train_step
 from MaxText.model.decoder import Transformer, abstract_model

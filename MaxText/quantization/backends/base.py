@@ -22,6 +22,7 @@ REMAT_NAME = "quantization"
 
 class Backend(typing.Protocol):
   """Who runs a recipe's GEMMs: `matmul` is y = x [M, K] . w [K, N] with the recipe's backward (differentiable)."""
+
   name: str  # how the precision plan and the logs call it: bf16, emulated, xla, te
 
   def unavailable_reason(self, recipe: Recipe) -> typing.Optional[str]:
@@ -45,6 +46,7 @@ def split_grad_keys(key):
 class OperandBackend:
   """A backend that quantizes each operand (`quantize`) and multiplies two quantized operands (`gemm`): its matmul is
   the custom_vjp below, the same for every such backend."""
+
   name = ""
 
   def unavailable_reason(self, recipe: Recipe) -> typing.Optional[str]:
@@ -119,8 +121,7 @@ def _qmatmul_bwd(recipe, w_dtype, backend, kernels, residuals, dy_MxN):
   w_t_op = w_res if recipe.shares_transpose("w") else quantize(w_res, role="w_t")
   dx_MxK = backend.gemm(dy_op, w_t_op, recipe).astype(dy_MxN.dtype)
   x_t_op = x_res if recipe.shares_transpose("x") else quantize(x_res, role="x_t", transpose=True)
-  dy_t_op = (dy_op.T if recipe.shares_transpose("dy")
-             else quantize(dy_MxN, role="dy_t", key=k_wgrad, transpose=True))
+  dy_t_op = dy_op.T if recipe.shares_transpose("dy") else quantize(dy_MxN, role="dy_t", key=k_wgrad, transpose=True)
   # Rounded to the compute dtype like TE's GEMM output, then to the master weights' dtype.
   dw_KxN = backend.gemm(x_t_op, dy_t_op, recipe).astype(dy_MxN.dtype).astype(w_dtype)
   return dx_MxK, dw_KxN, None

@@ -7,6 +7,7 @@ import enum
 
 class Format(enum.Enum):
   """The number format of a recipe's quantized GEMM operands."""
+
   BF16 = "bf16"  # no quantization
   NVFP4 = "nvfp4"  # E2M1 values, an E4M3 scale per 16, an f32 scale per tensor
   FP8_CURRENT = "fp8_current"  # per-tensor FP8, scale from the tensor's own amax

@@ -13,11 +13,12 @@ def quantize(x, grid) -> QuantizedTensor:
   saturates); values on `grid` in its dtype, scales [rows, cols / 32] as f32 powers of two (exact in E8M0)."""
   m, k = x.shape
   if k % BLOCK:
-    raise ValueError(f"MX formats need the contraction axis to be a multiple of {BLOCK}; "
-                     f"got an operand of shape {(m, k)}")
+    raise ValueError(
+      f"MX formats need the contraction axis to be a multiple of {BLOCK}; got an operand of shape {(m, k)}"
+    )
   x_blocks = x.astype(jnp.float32).reshape(m, k // BLOCK, BLOCK)
   block_amax = grids.abs_max(x_blocks, axis=-1, keepdims=True)
-  exponent, = grids.materialize(grids.e8m0_exponent_at_least(grids.div_rn(block_amax, grid.max_value)))
+  (exponent,) = grids.materialize(grids.e8m0_exponent_at_least(grids.div_rn(block_amax, grid.max_value)))
   q = grids.round_to_grid(x_blocks * grids.exp2i(-exponent), grid).reshape(m, k)
   return QuantizedTensor(grids.cast_exact(q, grid), grids.exp2i(exponent)[..., 0], jnp.float32(1), tile=(1, BLOCK))
 

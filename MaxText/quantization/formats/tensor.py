@@ -13,9 +13,9 @@ class QuantizedTensor:
   """A quantized operand [rows, contraction], scaling blocks along the contraction axis.
 
   values        the elements. Narrow: on the format's grid in its own dtype (E2M1, E4M3, E5M2), with their block
-                scales in `scales` (what Transformer Engine and XLA's block-scaled dot read). Folded (`scales` None): the
-                values already multiplied by their block scales, in bf16 (exact: at most 6 significant bits), or
-                per-tensor FP8 values in f8 (what a tensor-core GEMM reads in the emulated backend).
+                scales in `scales` (what Transformer Engine and XLA's block-scaled dot read). Folded (`scales`
+                None): the values already multiplied by their block scales, in bf16 (exact: at most 6 significant
+                bits), or per-tensor FP8 values in f8 (what a tensor-core GEMM reads in the emulated backend).
   scales        block decode scales [rows, ceil(cols / block)]: E4M3 (NVFP4) or f32 powers of two (MX); None when
                 folded or per tensor.
   global_scale  f32 scalar for the GEMM's epilogue: NVFP4 the tensor's amax (its global scale is
@@ -24,6 +24,7 @@ class QuantizedTensor:
   tile          the scaling block (rows, cols): (1, 16) or (16, 16) NVFP4, (1, 32) MX; None per tensor or BF16.
                 Static: not an array.
   """
+
   values: jax.Array
   scales: typing.Optional[jax.Array]
   global_scale: jax.Array
@@ -35,15 +36,17 @@ class QuantizedTensor:
     """The transposed operand, where it has the same numbers: per-tensor scaling, or NVFP4 16x16 tiles (each tile's
     scale moves with it)."""
     if self.tile not in (None, (16, 16)):
-      raise ValueError(f"a tensor quantized in {self.tile} blocks has no transposed view with the same numbers; "
-                       "quantize the transposed operand instead")
+      raise ValueError(
+        f"a tensor quantized in {self.tile} blocks has no transposed view with the same numbers; "
+        "quantize the transposed operand instead"
+      )
     if self.scales is None:
       return dataclasses.replace(self, values=self.values.T)
     cols = self.values.shape[1]
     tile_scales = self.scales[::16]  # [rows / 16, cols / 16]: every row of a tile repeats the tile's scale
-    return dataclasses.replace(self, values=self.values.T,
-                               scales=jax.numpy.repeat(tile_scales.T, 16, axis=0)[:cols])
+    return dataclasses.replace(self, values=self.values.T, scales=jax.numpy.repeat(tile_scales.T, 16, axis=0)[:cols])
 
 
-jax.tree_util.register_dataclass(QuantizedTensor, data_fields=["values", "scales", "global_scale", "e4m3_max"],
-                                 meta_fields=["tile"])
+jax.tree_util.register_dataclass(
+  QuantizedTensor, data_fields=["values", "scales", "global_scale", "e4m3_max"], meta_fields=["tile"]
+)

@@ -151,7 +151,8 @@ def nvfp4_block_scaled(x, *, tile=(1, 16), rht=False, stochastic_rounding=False,
                                      pair=2 if stochastic_rounding else 1)
   kernel = functools.partial(_nvfp4_kernel, layout=layout, tile_rows=tile_rows, rht=rht, sr=stochastic_rounding,
                              operand_cols=cols)
-  name = "nvfp4" + ("_16x16" if tile_rows > 1 else "") + ("_rht" if rht else "") + ("_sr" if stochastic_rounding else "")
+  name = ("nvfp4" + ("_16x16" if tile_rows > 1 else "") + ("_rht" if rht else "")
+          + ("_sr" if stochastic_rounding else ""))
   out = _call(kernel, layout, jnp.bfloat16, name, interpret, scalars)(*scalars, layout.view(padded))
   return _finish(out, layout, rows, cols), amax
 

@@ -15,11 +15,15 @@ def evaluate(eval_step, params, rest, batches, count, place, last_step_done):
     batches.close()
   xent, weights = (float(sum(s[i] for s in sums)) if sums else 0.0 for i in (0, 1))
   if weights <= 0:
-    print(f"warning: eval after step {last_step_done}: the eval split yielded no tokens; no eval loss logged",
-          flush=True)
+    print(
+      f"warning: eval after step {last_step_done}: the eval split yielded no tokens; no eval loss logged", flush=True
+    )
     return None
-  print(f"eval after step {last_step_done}: loss: {xent / weights:.3f}, perplexity: {np.exp(xent / weights):.2f}, "
-        f"tokens: {int(weights)}", flush=True)
+  print(
+    f"eval after step {last_step_done}: loss: {xent / weights:.3f}, perplexity: {np.exp(xent / weights):.2f}, "
+    f"tokens: {int(weights)}",
+    flush=True,
+  )
   return xent / weights, weights
 
 
@@ -41,8 +45,9 @@ class EvalHook(Hook):
     iterator = self.make_iterator()
     if iterator is None:
       return False
-    result = evaluate(self.eval_step, progress.state.params, progress.state.rest, iterator, self.eval_steps,
-                      self.place, step - 1)
+    result = evaluate(
+      self.eval_step, progress.state.params, progress.state.rest, iterator, self.eval_steps, self.place, step - 1
+    )
     if result is not None and results:
       results[-1].record["eval_loss"], results[-1].record["eval_weights"] = result
     return True

@@ -14,9 +14,15 @@ class StopHook(Hook):
   def on_stop(self, progress, trained):
     step = progress.state.step
     if not trained:
-      print(f"{preemption.signal_name()} before step {step}: stopped, nothing trained" + (
-          f" (the checkpoint at step {step} is unchanged)" if step else ""), flush=True)
+      print(
+        f"{preemption.signal_name()} before step {step}: stopped, nothing trained"
+        + (f" (the checkpoint at step {step} is unchanged)" if step else ""),
+        flush=True,
+      )
       return
-    where = (f", checkpoint {self.checkpoint_dir}/{step}" if self.checkpoint_dir is not None else
-             " (enable_checkpointing=false: nothing saved)")
+    where = (
+      f", checkpoint {self.checkpoint_dir}/{step}"
+      if self.checkpoint_dir is not None
+      else " (enable_checkpointing=false: nothing saved)"
+    )
     print(f"{preemption.signal_name()}: stopped after step {step - 1}{where}", flush=True)

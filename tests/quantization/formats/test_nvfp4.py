@@ -58,7 +58,8 @@ def test_2d_tiles_give_identical_forward_and_transposed_numbers():
 def test_rht_is_orthonormal_and_reduces_outlier_blocks():
   h = nvfp4.rht_matrix()
   np.testing.assert_allclose(h @ h.T, np.eye(16), atol=0)
-  x = np.zeros((4, 32), np.float32); x[:, 3] = 100.0; x[:, 20] = 1.0
+  x = np.zeros((4, 32), np.float32)
+  x[:, 3], x[:, 20] = 100.0, 1.0
   y = _f32(nvfp4.hadamard16(jnp.asarray(x)))
   np.testing.assert_allclose(np.abs(y[:, :16]), 25.0)  # outlier spread evenly over its block
   np.testing.assert_allclose(np.linalg.norm(y, axis=1), np.linalg.norm(x, axis=1), rtol=1e-3)

@@ -18,7 +18,8 @@ ON_NVIDIA = quantizer_impl.unavailable_reason() is None
 def test_resolution(monkeypatch):
   assert quantizer_impl.resolve(Kernels.XLA) is Kernels.XLA
   assert quantizer_impl.resolve(Kernels.INTERPRET) is Kernels.INTERPRET
-  assert quantizer_impl.resolve(Kernels.AUTO) is (Kernels.PALLAS if ON_NVIDIA and jax.device_count() == 1 else Kernels.XLA)
+  auto = Kernels.PALLAS if ON_NVIDIA and jax.device_count() == 1 else Kernels.XLA
+  assert quantizer_impl.resolve(Kernels.AUTO) is auto
   with pytest.raises(BackendError, match="quantization_kernels must be one of"):
     quantizer_impl.resolve("triton")
   assert quantizer_impl.unavailable_reason("cuda") is None
@@ -28,7 +29,8 @@ def test_resolution(monkeypatch):
   monkeypatch.setattr(jax, "device_count", lambda: 1)
   assert quantizer_impl.resolve(Kernels.AUTO) is Kernels.PALLAS
   monkeypatch.setattr(jax, "device_count", lambda: 8)
-  assert quantizer_impl.resolve(Kernels.AUTO) is Kernels.XLA and quantizer_impl.resolve(Kernels.PALLAS) is Kernels.PALLAS
+  assert quantizer_impl.resolve(Kernels.AUTO) is Kernels.XLA
+  assert quantizer_impl.resolve(Kernels.PALLAS) is Kernels.PALLAS
 
 
 @pytest.mark.skipif(ON_NVIDIA, reason="runs where the kernels cannot")

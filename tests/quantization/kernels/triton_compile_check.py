@@ -63,7 +63,8 @@ def dump_ttir(out_dir, shapes=(256, 512, 384)):
       recipe = get_recipe(name)
 
       def fwd_bwd(x, w, dy, key, recipe=recipe):
-        y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=key, kernels=Kernels.PALLAS, backend=backends.Choice.EMULATE), x, w)
+        matmul = lambda x, w: qmatmul(x, w, recipe, key=key, kernels=Kernels.PALLAS, backend=backends.Choice.EMULATE)
+        y, vjp = jax.vjp(matmul, x, w)
         return (y, *vjp(dy))
       jax.export.export(jax.jit(fwd_bwd), platforms=["cuda"], disabled_checks=[
           jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
