@@ -14,7 +14,7 @@ One layer's attention core on bf16 q [B, S, H, Dh], k and v [B, S, KV, Dh] from 
   xla          the XLA dot_product kernel, for reference
 
 Times are medians over --iters runs after warm-up (wall clock around block_until_ready). TFLOP/s counts one
-layer's causal attention FLOPs as MaxText does (MaxText/accounting.py: forward + backward = 3 x forward;
+layer's causal attention FLOPs as MaxText does (MaxText/model/accounting.py: forward + backward = 3 x forward;
 FA2-style counts add the backward's recomputed QK^T, 3.5 x). Needs an NVIDIA GPU for the cuDNN variants:
 elsewhere it says so and exits 0 (--variants xla,layer runs the XLA ones anywhere). On an NVIDIA GPU the run
 uses scripts/xla_flags.py's flags.

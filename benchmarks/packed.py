@@ -19,7 +19,7 @@ import time
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train.py")
 PR_SET_PDEATHSIG = 1
-# What MaxText/preemption.py prints when a process took a stop request: that child needs no forwarded signal.
+# What MaxText/runtime/preemption.py prints when a process took a stop request: that child needs no forwarded signal.
 STOP_MARK = ": stopping after the current step"
 
 

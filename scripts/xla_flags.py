@@ -1,6 +1,6 @@
 """The XLA flags for NVIDIA GPUs, from JAX-Toolbox's MaxText recipes: one list, used by Slurm jobs and benchmarks.
 
-    python3 MaxText/xla_flags.py TOTAL_GPUS      # prints them (no jax needed), as train.sbatch does
+    python3 scripts/xla_flags.py TOTAL_GPUS      # prints them (no jax needed), as train.sbatch does
 
 Compute: the latency-hiding scheduler, cuBLAS rather than Triton for GEMMs, no CUDA-graph command
 buffers (they hide kernels from the profiler and fight the scheduler), XLA's rematerialization pass
@@ -62,7 +62,7 @@ def apply_if_gpu(total_gpus=1, environ=os.environ):
 
 
 def main(argv):
-  """python3 MaxText/xla_flags.py [TOTAL_GPUS]: the flags on one line (no jax needed)."""
+  """python3 scripts/xla_flags.py [TOTAL_GPUS]: the flags on one line (no jax needed)."""
   if argv[:1] in (["-h"], ["--help"]):
     print(__doc__.strip())
     return 0

@@ -145,7 +145,7 @@ def memory_per_device(cfg, mesh_sizes, micro_batch_size) -> MemoryEstimate:
   """Parameters, f32 gradients and AdamW state (mu, nu in f32) per device, plus activations and FP8 delayed
   scaling's amax histories.
 
-  `mesh_sizes`: {axis: size} (MaxText.sharding.mesh_shape) or a device count (pure FSDP).
+  `mesh_sizes`: {axis: size} (MaxText.runtime.sharding.mesh_shape) or a device count (pure FSDP).
   Parameters, gradients and optimizer state are split over every axis but data (FSDP + context +
   tensor, the ideal split: a dimension that doesn't divide stays whole in practice); activations
   over the batch axes (data x fsdp) and context; tensor parallelism is not credited (conservative).
