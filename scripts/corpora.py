@@ -81,7 +81,8 @@ def fetch(package: Package, cache: pathlib.Path) -> pathlib.Path:
     print(f"downloading {package.name} {package.version} ({package.registry}) ...", flush=True)
     done = _download(package, cache)
     if done.returncode or not path.exists():
-      lines = [l.strip() for l in (done.stderr + done.stdout).splitlines() if l.strip().startswith(("E:", "error"))]
+      lines = [l.strip() for l in (done.stderr + done.stdout).splitlines()
+               if l.strip().startswith(("E:", "error", "ERROR"))]  # apt-get's E:, pip's ERROR:
       hint = "run apt-get update first, or " if package.registry == "debian" else ""
       raise CorpusError(f"could not download {package.name} {package.version} ({lines[-1] if lines else 'no file'}); "
                         f"{hint}put {package.filename} (sha256 {package.sha256}) into {cache}")
