@@ -25,8 +25,10 @@ import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
+from MaxText.config import absolute_path  # noqa: E402
 from scripts import xla_flags  # noqa: E402  (no jax import: flags go in before jax starts its backend)
 
 VARIANTS = ("cudnn", "cudnn_mask", "layer", "layer_rope", "xla")
@@ -101,10 +103,10 @@ def markdown(rows, reference="cudnn"):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--config", default="configs/bench/llama3_8b_4layers_seq8192.yml")
+  parser.add_argument("--config", type=absolute_path, default=str(REPO / "configs/bench/llama3_8b_4layers_seq8192.yml"))
   parser.add_argument("--variants", type=lambda v: [x for x in v.split(",") if x], default=list(VARIANTS))
   parser.add_argument("--iters", type=int, default=20)
-  parser.add_argument("--json", default="")
+  parser.add_argument("--json", type=absolute_path, default="")
   args, overrides = parser.parse_known_args(argv)
   unknown = [v for v in args.variants if v not in VARIANTS]
   if unknown or not args.variants or args.iters < 1:

@@ -15,7 +15,8 @@ import shutil
 import subprocess
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 import jax  # noqa: E402
 
@@ -55,9 +56,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def argument_parser(doc, default_modes, default_steps):
-  """--config, --modes, --steps; any other key=value argument is a trainer override (parse_known_args)."""
+  """--config, --modes, --steps; any other key=value argument is a trainer override (parse_known_args). Paths given
+  are read against the working directory (config.absolute_path); the default config is the repository's."""
   parser = OneLineParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--config", default="configs/llama3_tiny.yml")
+  parser.add_argument("--config", type=config.absolute_path, default=str(REPO / "configs/llama3_tiny.yml"))
   parser.add_argument("--modes", type=lambda v: [m for m in v.split(",") if m], default=default_modes,
                       help="comma-separated, each RECIPE[:key=value...] (default: %(default)s)")
   parser.add_argument("--steps", type=int, default=default_steps)

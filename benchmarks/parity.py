@@ -392,7 +392,7 @@ def write_outputs(out, args, overrides, seeds, curves, evals, eval_tokens):
 def main(argv=None):
   parser = modes_lib.argument_parser(__doc__, DEFAULT_MODES, default_steps=1000)
   parser.add_argument("--converged", type=float, default=0.3, help="fraction of final steps for the gap")
-  parser.add_argument("--out", default="parity_out")
+  parser.add_argument("--out", type=config_lib.absolute_path, default="parity_out")
   parser.add_argument("--seeds", type=int, default=1, help="seeds per mode (paired across modes)")
   parser.add_argument("--parallel", type=int, default=1, help="(mode, seed) runs trained at once, each its own "
                       "process with 1/K of the cores and GPU memory")

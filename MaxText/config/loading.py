@@ -7,7 +7,7 @@ import pathlib
 
 import yaml
 
-from MaxText.config.schema import PATH_KEYS, SCHEMA, ConfigError, Key, coerce, unknown_key
+from MaxText.config.schema import PATH_KEYS, SCHEMA, ConfigError, Key, absolute_path, coerce, unknown_key
 from MaxText.config.validation import validate
 
 
@@ -94,7 +94,7 @@ Config = dataclasses.make_dataclass(
 
 def load(config_path, overrides=()):
   """The validated Config from a YAML file (with base_config inheritance) and key=value overrides."""
-  values = {n: os.path.expanduser(k.default) if n in PATH_KEYS else k.default for n, k in SCHEMA.items()}
+  values = {n: absolute_path(k.default) if n in PATH_KEYS else k.default for n, k in SCHEMA.items()}
   values.update(_load_yaml(pathlib.Path(os.path.expanduser(str(config_path)))))
   for name, raw in parse_overrides(overrides).items():
     values[name] = coerce(name, raw, "command line")

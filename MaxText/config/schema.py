@@ -236,10 +236,19 @@ RANGES = {
                               "rope_low_freq_factor", "rope_high_freq_factor")},
     "per_device_batch_size": Span(0, INT32_MAX, low_open=True),
 }
-# Paths get ~ and $VARIABLES expanded as a shell would, when the config is loaded.
+# Paths get ~ and $VARIABLES expanded as a shell would and are made absolute against the directory the command was
+# started in, once, when the config is loaded: nothing later (a subprocess, Orbax, a data worker) can read them
+# against another directory.
 PATH_KEYS = ("base_output_directory", "grain_train_files", "grain_eval_files", "dataset_path", "tokenizer_path",
              "load_parameters_path", "load_full_state_path", "jax_cache_dir")
 _VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def absolute_path(path):
+  """`path` against the current working directory (~ expanded; '' and URLs such as gs://... as they are)."""
+  path = os.path.expanduser(str(path))
+  return path if not path or _URL.match(path) else os.path.abspath(path)
 
 
 def check_number(name, value, where):
@@ -251,13 +260,14 @@ def check_number(name, value, where):
 
 
 def expand_path(name, value, where):
-  """~ and $VAR / ${VAR} expanded as a shell would; a variable that is not set is an error (a shell makes it '')."""
+  """~ and $VAR / ${VAR} expanded as a shell would (an unset variable is an error: a shell makes it ''), then made
+  absolute against the working directory."""
   expanded = os.path.expanduser(os.path.expandvars(value))
   unset = _VARIABLE.search(expanded)
   if unset:
     raise ConfigError(f"{where}: {name}={value!r}: the environment variable {unset.group(1).strip('{}')} is not "
                       "set; set it or write the path out")
-  return expanded
+  return absolute_path(expanded)
 
 
 def _parse_bool(value):

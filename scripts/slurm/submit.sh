@@ -12,6 +12,12 @@
 # reports in OUTPUT_DIR/nsys/. --dry-run prints the exact sbatch command line and the environment the
 # job runs with, and submits nothing.
 #
+# Paths: --model and --output-dir are read against the directory submit.sh is started in. The job runs in the
+# image's copy of this repository (/opt/maxtext-nvfp4): a config inside this repository is passed to it by its
+# path in the repository, one outside it is mounted into the job (its directory, at the same path); OUTPUT_DIR
+# is mounted at the same path. Paths in key=value overrides are read in the job, against the image's
+# repository (and checked here against this one): give data outside it as absolute paths on a shared filesystem.
+#
 # Checked before anything is submitted, also on a login node without jax: the options, the job name
 # (it names the run directory), and, where python3 has pyyaml, the config with the trainer's own rules
 # (keys, values, recipe) and its mesh against the job (dcn_* product vs --nodes, ici_* vs 4 GPUs);
@@ -24,20 +30,22 @@ IMAGE="${MAXTEXT_IMAGE:-ghcr.io/nvidia/jax:maxtext-nvfp4}"
 PARTITION="${SLURM_PARTITION:-}" ACCOUNT="${SLURM_ACCOUNT:-}" TIME="01:00:00" JOB_NAME="" OUTPUT_DIR="${PWD}/outputs"
 GPUS_PER_NODE=4
 
-REPO="$(cd "${HERE}/../.." && pwd)"
+REPO="$(cd "${HERE}/../.." && pwd -P)"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 die() { echo "error: $*" >&2; exit 2; }
 warn() { echo "warning: $*" >&2; }
+# A path against the directory this script was started in (no symlinks, '..' folded), whether or not it exists yet.
+absolute() { realpath -m -- "$1" 2>/dev/null || case "$1" in /*) echo "$1" ;; *) echo "${PWD}/$1" ;; esac; }
 need_value() { [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value (see --help)"; }
 # The trainer's own checks (python -m MaxText.config --check needs pyyaml, not jax): exit 2 is the user's
 # mistake, anything else means this python3 can't run them.
 validate_config() {
-  local model_abs out rc=0
+  local out rc=0
   command -v python3 >/dev/null 2>&1 || { warn "no python3 here: config, recipe and node count not checked"; return 0; }
-  model_abs="$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")"
+  # From the repository, as the job reads relative override paths from the image's copy of it.
   out=$(cd "${REPO}" && python3 -m MaxText.config --check --nodes "$NODES" --gpus-per-node "$GPUS_PER_NODE" \
-        "$model_abs" "$@" 2>&1) || rc=$?
+        "$MODEL_ABS" "$@" 2>&1) || rc=$?
   [[ $rc == 0 ]] && return 0
   [[ $rc == 2 ]] && die "${out##*error: }"
   warn "config and node count not checked here (python3 can't load MaxText.config: ${out##*$'\n'};" \
@@ -78,6 +86,15 @@ EXTRA=("$@")
 [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || die "--nodes must be a positive integer, got '${NODES}'"
 [[ -n "$MODEL" ]] || die "--model CONFIG is required (e.g. configs/${GPU}/llama3_8b_nvfp4.yml)"
 [[ -f "$MODEL" ]] || die "--model ${MODEL}: no such file"
+MODEL_ABS="$(absolute "$MODEL")" OUTPUT_DIR="$(absolute "$OUTPUT_DIR")"
+# The config as the job sees it: its path in the repository (the image holds the same tree at its workdir), or,
+# outside the repository, its absolute path with its directory mounted into the job.
+CONFIG_MOUNT=""
+if [[ "$MODEL_ABS" == "${REPO}/"* ]]; then
+  JOB_MODEL="${MODEL_ABS#"${REPO}/"}"
+else
+  JOB_MODEL="$MODEL_ABS" CONFIG_MOUNT="$(dirname "$MODEL_ABS")"
+fi
 [[ -n "$QUANT" ]] || die "--quantization is required (bf16, te_fp8_currentscaling, te_nvfp4, te_nvfp4_no_rht, ...)"
 [[ "$QUANT" == bf16 ]] && QUANT=""
 [[ "$TIME" =~ ^([0-9]+-)?[0-9]+(:[0-9]{1,2}){0,2}$ ]] ||
@@ -95,8 +112,8 @@ SBATCH=(sbatch --job-name="${JOB_NAME}" --nodes="${NODES}" --ntasks-per-node=1 -
 [[ -n "$ACCOUNT" ]] && SBATCH+=(--account="${ACCOUNT}")
 # The environment the job sees: train.sbatch derives XLA_FLAGS etc. from these.
 EXPORTS="ALL,MAXTEXT_IMAGE=${IMAGE},MAXTEXT_OUTPUT_DIR=${OUTPUT_DIR},MAXTEXT_GPU=${GPU},GPUS_PER_NODE=${GPUS_PER_NODE}"
-EXPORTS+=",MAXTEXT_REPO=${REPO},MAXTEXT_NSYS=${NSYS}"
-SBATCH+=(--export="${EXPORTS}" "${HERE}/train.sbatch" "${MODEL}" "quantization=${QUANT}" "gpu_type=${GPU}"
+EXPORTS+=",MAXTEXT_REPO=${REPO},MAXTEXT_NSYS=${NSYS},MAXTEXT_CONFIG_MOUNT=${CONFIG_MOUNT}"
+SBATCH+=(--export="${EXPORTS}" "${HERE}/train.sbatch" "${JOB_MODEL}" "quantization=${QUANT}" "gpu_type=${GPU}"
          "run_name=${RUN_NAME}" "dcn_data_parallelism=-1" "${EXTRA[@]}")
 
 if [[ "$DRY_RUN" == 1 ]]; then
@@ -105,7 +122,8 @@ if [[ "$DRY_RUN" == 1 ]]; then
   echo "# job environment and srun command (train.sbatch --print-only):"
   SLURM_JOB_NUM_NODES="${NODES}" SLURM_JOB_NODELIST="node[0001-$(printf '%04d' "${NODES}")]" \
     MAXTEXT_IMAGE="${IMAGE}" MAXTEXT_OUTPUT_DIR="${OUTPUT_DIR}" MAXTEXT_GPU="${GPU}" GPUS_PER_NODE="${GPUS_PER_NODE}" \
-    MAXTEXT_REPO="${REPO}" MAXTEXT_NSYS="${NSYS}" MAXTEXT_PRINT_ONLY=1 bash "${HERE}/train.sbatch" "${MODEL}" "quantization=${QUANT}" "gpu_type=${GPU}" \
+    MAXTEXT_REPO="${REPO}" MAXTEXT_NSYS="${NSYS}" MAXTEXT_CONFIG_MOUNT="${CONFIG_MOUNT}" MAXTEXT_PRINT_ONLY=1 \
+    bash "${HERE}/train.sbatch" "${JOB_MODEL}" "quantization=${QUANT}" "gpu_type=${GPU}" \
     "run_name=${RUN_NAME}" "dcn_data_parallelism=-1" "${EXTRA[@]}"
   exit 0
 fi

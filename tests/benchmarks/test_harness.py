@@ -2,6 +2,7 @@
 included); the attention benchmark's CPU exit; quant_error's table."""
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -45,10 +46,16 @@ def test_analysis_on_known_curves():
 
 
 @pytest.mark.heavy
-def test_parity_harness_writes_curves_table_plot_and_resumes(tmp_path, capsys):
-  args = ["--config", str(REPO / "configs" / "llama3_tiny.yml"), "--steps", "4", "--out", str(tmp_path),
+def test_parity_harness_writes_curves_table_plot_and_resumes(tmp_path, capsys, monkeypatch):
+  # From another directory, with a relative --config and --out (read against it), a third directory in between.
+  (tmp_path / "work").mkdir()
+  monkeypatch.chdir(tmp_path / "work")
+  args = ["--config", os.path.relpath(REPO / "configs" / "llama3_tiny.yml"), "--steps", "4", "--out", "..",
           "--modes", "bf16,te_fp8_currentscaling", *SMALL]  # any two recipes (FP8 compiles faster than NVFP4)
   assert parity.main(args) == 0
+  monkeypatch.chdir(tmp_path)
+  args[args.index("--config") + 1] = str(REPO / "configs" / "llama3_tiny.yml")
+  args[args.index("--out") + 1] = "."
   curves = json.loads((tmp_path / "curves.json").read_text())
   assert list(curves["losses"]) == ["bf16", "te_fp8_currentscaling"]
   assert curves["seeds"] == [0] and all(len(v["0"]) == 4 for v in curves["losses"].values())

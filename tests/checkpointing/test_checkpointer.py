@@ -234,3 +234,14 @@ def test_resume_under_other_data_or_recipe_state_is_named_and_nothing_is_moved(t
   code, out, _ = run("steps=3", f"load_full_state_path={tmp_path / 'best'}", "enable_checkpointing=false", name="y")
   assert code == 0 and f"loaded the full state from {tmp_path / 'best'} (step 2)" in out
   assert "completed step: 2," in out and "completed step: 1," not in out
+
+def test_checkpoints_from_before_absolute_paths_still_match(tmp_path, monkeypatch):
+  """A checkpoint's meta written when paths were kept as typed (relative) is read against the working directory,
+  as the run that wrote it read them: the same data is no 'change' on resume; other data still is."""
+  monkeypatch.chdir(tmp_path)
+  cfg = config.load(REPO / "configs" / "llama3_tiny.yml", ["grain_train_files=data/train-*.array_record"])
+  stored = {**cfg.to_dict(), "grain_train_files": "data/train-*.array_record", "tokenizer_path": cfg.tokenizer_path}
+  assert checkpointing.settings_difference(stored, cfg) is None
+  stored["grain_train_files"] = "other/train-*.array_record"
+  assert checkpointing.settings_difference(stored, cfg) == (
+      f"grain_train_files: 'other/train-*.array_record' -> '{tmp_path}/data/train-*.array_record'")

