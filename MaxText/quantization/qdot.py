@@ -74,7 +74,7 @@ def qmatmul(x, w, recipe: Recipe, *, key=None, backend=backends.Choice.AUTO, sta
     raise ValueError(f"{recipe.name} keeps an amax history: call MaxText.quantization.delayed."
                      "qmatmul_delayed with its state")
   key = _as_key(key, recipe)
-  chosen = backends.resolve(recipe, backend) if isinstance(backend, backends.Choice) else backend
+  chosen = backend if hasattr(backend, "matmul") else backends.resolve(recipe, backend)
   y = chosen.matmul(x, w, recipe, key=key, kernels=kernels)
   if stats_sink is not None:
     y = y + _stats_probe(x, w, key, stats_sink, recipe)

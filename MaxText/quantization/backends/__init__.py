@@ -53,7 +53,8 @@ EMULATED, XLA, TE = emulated.BACKEND, xla.BACKEND, te.BACKEND
 def resolve(recipe: Recipe, requested: Choice = Choice.AUTO) -> Backend:
   """The Backend that runs `recipe` for `requested`; asking for one that can't run here is a BackendError."""
   if not isinstance(requested, Choice):
-    raise BackendError(f"quantization_backend must be one of {[c.value for c in Choice]}, got {requested!r}")
+    raise BackendError(f"a backend request is a backends.Choice ({', '.join(c.name for c in Choice)}), got "
+                       f"{requested!r}")
   if not recipe.quantized:
     return BF16
   if requested is Choice.EMULATE:
