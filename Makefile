@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup data data-english train compare test test-all bench clean
+.PHONY: setup data data-english train compare test test-all bench clean te test-te
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,15 @@ test: setup
 test-all: setup
 	$(PY) -m pytest -q -n 2 -m "" tests
 
+# Transformer Engine for lowering on a CPU machine (scripts/te/build.sh; README's "Transformer Engine").
+te:
+	@PYTHON=$(PYTHON) scripts/te/build.sh
+
+test-te: te
+	@scripts/te/python.sh -m pytest -q -m te tests/te
+
 bench: setup
 	$(PY) benchmarks/quantize_bench.py
 
 clean:
-	rm -rf $(VENV) outputs data .pytest_cache
+	rm -rf $(VENV) .venv-te outputs data .pytest_cache

@@ -161,7 +161,7 @@ def qmatmul(x, w, recipe: Recipe, *, key=None, backend="auto", stats_sink=None, 
   key = _as_key(key, recipe)
   resolved = backends.resolve(recipe, backend)
   if resolved == "te":
-    y = te_backend.qmatmul(x, w, recipe, key=key)
+    y = te_backend.qmatmul(x, w, recipe, key=key, checkpoint_name=REMAT_NAME)
   else:
     y = _qmatmul_jit(x, w, key, recipe, jnp.dtype(w.dtype), resolved, kernels)
   if stats_sink is not None:
