@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup data data-english train compare test test-all lint bench clean
+.PHONY: setup data data-english train compare test test-all lint bench clean te test-te
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,8 +48,15 @@ lint: $(VENV)/.lint-installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
+# Transformer Engine for lowering on a CPU machine (scripts/te/build.sh; README's "Transformer Engine").
+te:
+	@PYTHON=$(PYTHON) scripts/te/build.sh
+
+test-te: te
+	@scripts/te/python.sh -m pytest -q -m te tests/te
+
 bench: setup
 	$(PY) benchmarks/quantize_bench.py
 
 clean:
-	rm -rf $(VENV) outputs data .pytest_cache
+	rm -rf $(VENV) .venv-te outputs data .pytest_cache

@@ -41,7 +41,8 @@ class Dense(nnx.Module):
                   kernels=precision.kernels)
 
   def __call__(self, x, precision: GemmPrecision = GemmPrecision(), key=None, stats_sink=None):
-    return checkpoint_name(self._gemm(x, precision, key, stats_sink), self.remat_name)
+    with jax.named_scope(self.remat_name):  # the GEMM's ops, forward and backward, named in the HLO and profiles
+      return checkpoint_name(self._gemm(x, precision, key, stats_sink), self.remat_name)
 
   def _gemm(self, x, precision, key, stats_sink):
     kernel = self.kernel[...]

@@ -1,6 +1,8 @@
-"""Transformer Engine backend: the te_* recipes on TE's native kernels. Imported lazily, never on CPU.
+"""Transformer Engine backend: the te_* recipes on TE's native kernels, called as TE's own Flax modules call them.
 
-Only `unavailable_reason()` is safe to call anywhere; everything else needs `transformer_engine.jax`.
+`transformer_engine.jax` is imported lazily, only when a GEMM goes to TE: the main install never needs it.
+`unavailable_reason()` is safe to call anywhere; quantizer_set() and qmatmul() need TE (on a GPU, or for lowering
+to CUDA from any machine: tests/te/).
 """
 
 import functools
@@ -9,6 +11,7 @@ import importlib
 import jax
 import jax.numpy as jnp
 
+from MaxText.quantization.backends.base import REMAT_NAME
 from MaxText.quantization.formats import Format
 from MaxText.quantization.recipes import Recipe
 
@@ -68,6 +71,9 @@ def unavailable_reason(recipe: Recipe):
   options = _options_reason(recipe)
   if options is not None:
     return options
+  if recipe.format is Format.NVFP4 and recipe.disable_2d_quantization and not recipe.disable_rht:
+    return ("disable_2d_quantization=true with the RHT: Transformer Engine 2.20's JAX NVFP4 then puts the RHT on the "
+            "weight's 1D quantization too, which its forward GEMM refuses; set disable_rht=true as well")
   sm = gpu_compute_capability()
   need = min_sm(recipe)
   kind = "NVFP4" if recipe.format is Format.NVFP4 else "FP8"
@@ -95,30 +101,64 @@ def te_recipe(recipe: Recipe):
   raise ValueError(f"{recipe.name} has no Transformer Engine recipe")
 
 
-def _sr_rng_state(key):
-  """TE's NVFP4 SR state: uint32[4] per call. TE's Flax modules draw it from the `sr_rng` rng stream;
-  we draw it from our (seed, step, layer, GEMM) key, so TE and emulated runs share one seed discipline."""
-  return jax.random.bits(key, (4,), jnp.uint32)
+class _SrRngStream:
+  """What TE's QuantizeConfig.get_quantize_flax_meta reads from the Flax module it is given, for the stateless
+  recipes: the module's `sr_rng` stream, here our (seed, step, layer, GEMM) key, so TE's SR state derivation (a
+  fold-in of the quantizer's name, one uint32[4] per device of the mesh) runs unchanged on our seed discipline."""
+
+  def __init__(self, key):
+    self._key = key
+
+  def make_rng(self, name):
+    if name != "sr_rng":
+      raise ValueError(f"Transformer Engine asked for the {name!r} rng stream; only 'sr_rng' is provided")
+    return self._key
 
 
-def _configure_nvfp4(quantizer_set, recipe: Recipe, key):
-  """What TE's TransformerEngineBase puts in the quantizers' QuantizeMeta and create_set(fp8_recipe=...)
-  alone leaves at its defaults: the RHT on the 1D (x, dgrad) quantizers, whose colwise outputs are
-  the wgrad operands (never on 2D weight tiles), and the SR state on the dgrad quantizer only."""
-  for quantizer in (quantizer_set.x, quantizer_set.dgrad):
-    quantizer.use_rht = not recipe.disable_rht
-  if recipe.needs_rng and key is not None:
-    quantizer_set.dgrad.stochastic_rounding_rng_state = _sr_rng_state(key)
-
-
-def qmatmul(x, w, recipe: Recipe, *, key=None):
-  """x [M, K] . w [K, N] through TE's dense with the recipe's quantizer set."""
-  te_dense = importlib.import_module("transformer_engine.jax.dense")
+def quantizer_set(recipe: Recipe, key, checkpoint_name=None):
+  """TE's quantizer set for `recipe`, made as TE's Flax modules make theirs (TransformerEngineBase.
+  generate_quantizer_set): the recipe's QuantizeConfig gives the x, kernel and grad quantizers their QuantizeMeta
+  (NVFP4: the RHT flag where the scaling is 1D, the SR state on the gradient quantizer), create_set the rest."""
   te_quantize = importlib.import_module("transformer_engine.jax.quantize")
-  quantizer_set = te_quantize.QuantizerFactory.create_set(fp8_recipe=te_recipe(recipe))
-  if recipe.format is Format.NVFP4:
-    _configure_nvfp4(quantizer_set, recipe, key)
-  return te_dense.dense(x, w, contracting_dims=((1,), (0,)), quantizer_set=quantizer_set)
+  fp8_recipe = te_recipe(recipe)
+  config = te_quantize.get_quantize_config_with_recipe(fp8_recipe)
+  module = _SrRngStream(key)
+  sources = {"x": te_quantize.TensorSource.X, "kernel": te_quantize.TensorSource.KERNEL,
+             "grad": te_quantize.TensorSource.DGRAD}
+  metas = {name: config.get_quantize_flax_meta(module, config.COLLECTION_NAME, "", source, name)
+           for name, source in sources.items()}
+  return te_quantize.QuantizerFactory.create_set(fp8_recipe=fp8_recipe,
+                                                 quantize_meta_set=te_quantize.QuantizeMetaSet(**metas),
+                                                 checkpoint_name=checkpoint_name)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _grad_in_dtype(w, dtype):
+  """w itself; its gradient cast to `dtype`. TE's wgrad GEMM returns the compute dtype (bf16) for f32 master weights,
+  which JAX can't add into the f32 gradient of the stacked layer weights; the emulated backend rounds its wgrad to
+  the compute dtype and then to the weight's dtype, and so does this."""
+  del dtype
+  return w
+
+
+def _grad_in_dtype_fwd(w, dtype):
+  del dtype
+  return w, None
+
+
+def _grad_in_dtype_bwd(dtype, _, dw):
+  return (dw.astype(dtype),)
+
+
+_grad_in_dtype.defvjp(_grad_in_dtype_fwd, _grad_in_dtype_bwd)
+
+
+def qmatmul(x, w, recipe: Recipe, *, key, checkpoint_name=None):
+  """x [M, K] . w [K, N] through TE's dense, as TE's DenseGeneral calls it (no bias); `checkpoint_name` names the
+  quantized operands kept for the backward (a remat policy can save them). dw comes back in w's dtype."""
+  te_dense = importlib.import_module("transformer_engine.jax.dense")
+  return te_dense.dense(x, _grad_in_dtype(w, jnp.dtype(w.dtype)), contracting_dims=((1,), (0,)),
+                        quantizer_set=quantizer_set(recipe, key, checkpoint_name))
 
 
 class TEBackend:
@@ -130,7 +170,7 @@ class TEBackend:
 
   def matmul(self, x_MxK, w_KxN, recipe: Recipe, *, key, kernels):
     del kernels  # TE quantizes with its own kernels
-    return qmatmul(x_MxK, w_KxN, recipe, key=key)
+    return qmatmul(x_MxK, w_KxN, recipe, key=key, checkpoint_name=REMAT_NAME)
 
   def quantizers(self, kernels):
     return None  # TE's own, inside its dense

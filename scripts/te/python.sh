@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# .venv-te's python, with the libcuda.so.1 stub on the library path only when no real driver loads (CPU machines).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+VENV="${TE_VENV:-$ROOT/.venv-te}"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "error: ${VENV} does not exist; run 'make te' first" >&2
+  exit 2
+fi
+if ! "$VENV/bin/python" -c 'import ctypes; ctypes.CDLL("libcuda.so.1")' >/dev/null 2>&1; then
+  export LD_LIBRARY_PATH="$VENV/lib/libcuda-stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+exec "$VENV/bin/python" "$@"
