@@ -51,9 +51,11 @@ def main(argv=None):
     if not wrong:
       print(f"Transformer Engine {version} ({', '.join(sorted(found))}): the release scripts/te/requirements.txt pins")
       return 0
-    problem = (f"Transformer Engine {', '.join(f'{d} {v}' for d, v in sorted(wrong.items()))} is installed, but this "
-               f"project pins {version} (scripts/te/requirements.txt), the release its te backend is tested against; "
-               f"install it ({install}), or accept this one (Docker: --build-arg TE_CHECK=warn)")
+    problem = (
+      f"Transformer Engine {', '.join(f'{d} {v}' for d, v in sorted(wrong.items()))} is installed, but this "
+      f"project pins {version} (scripts/te/requirements.txt), the release its te backend is tested against; "
+      f"install it ({install}), or accept this one (Docker: --build-arg TE_CHECK=warn)"
+    )
   if args.warn:
     print(f"warning: {problem}")
     return 0

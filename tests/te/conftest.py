@@ -10,16 +10,22 @@ import sys
 import jax
 import pytest
 
-from MaxText.quantization import backends, te_backend
+from MaxText.quantization import backends
+from MaxText.quantization.backends import te as te_backend
+from MaxText.quantization.formats import Format
 
 PINS = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "te" / "requirements.txt"
 # TE's Python modules that hold a name get_device_compute_capability, by import or re-export (TE 2.20); the fixture
 # also patches any other module of the package that has one, and fails if one listed here doesn't.
-COMPUTE_CAPABILITY_HOLDERS = ("transformer_engine_jax", "transformer_engine.jax.quantize",
-                              "transformer_engine.jax.quantize.device_utils", "transformer_engine.jax.quantize.helper",
-                              "transformer_engine.jax.cpp_extensions.gemm")
+COMPUTE_CAPABILITY_HOLDERS = (
+  "transformer_engine_jax",
+  "transformer_engine.jax.quantize",
+  "transformer_engine.jax.quantize.device_utils",
+  "transformer_engine.jax.quantize.helper",
+  "transformer_engine.jax.cpp_extensions.gemm",
+)
 # Compute capabilities the tests lower for: Blackwell for the block-scaled recipes, Hopper for per-tensor FP8.
-SM_FOR_FORMAT = {"nvfp4": 100, "mxfp8": 100, "fp8_current": 90}
+SM_FOR_FORMAT = {Format.NVFP4: 100, Format.MXFP8: 100, Format.FP8_CURRENT: 90}
 
 
 def pinned_te_version():
@@ -34,8 +40,10 @@ def te_unavailable_reason():
     importlib.import_module("transformer_engine.jax")
     importlib.import_module("transformer_engine.jax.flax")
   except Exception as e:  # pylint: disable=broad-except  # ImportError, or a TE build that can't load its libraries
-    return (f"transformer_engine.jax is not importable here ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-            "`make te` builds .venv-te and `make test-te` runs these tests with it")
+    return (
+      f"transformer_engine.jax is not importable here ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+      "`make te` builds .venv-te and `make test-te` runs these tests with it"
+    )
   return None
 
 
@@ -60,14 +68,20 @@ def export_for_cuda(fn, *args):
 @pytest.fixture
 def gpu_of(monkeypatch):
   """gpu_of(sm): from here on TE and our te backend see a GPU of compute capability `sm` (100: Blackwell)."""
+
   def pin(sm):
     assert te_unavailable_reason() is None  # TE imported: every module that holds the function is loaded
+
     def compute_capability(gpu_id=0):
       del gpu_id
       return sm
-    holders = {name for name, module in list(sys.modules.items())
-               if (name == "transformer_engine_jax" or name.startswith("transformer_engine."))
-               and callable(getattr(module, "get_device_compute_capability", None))}
+
+    holders = {
+      name
+      for name, module in list(sys.modules.items())
+      if (name == "transformer_engine_jax" or name.startswith("transformer_engine."))
+      and callable(getattr(module, "get_device_compute_capability", None))
+    }
     missing = set(COMPUTE_CAPABILITY_HOLDERS) - holders
     assert not missing, f"TE moved get_device_compute_capability: no longer in {sorted(missing)}"
     for name in holders:
@@ -75,11 +89,14 @@ def gpu_of(monkeypatch):
     # What TE derived from the old answer: its cached support table and layout check.
     helper = importlib.import_module("transformer_engine.jax.quantize.helper")
     monkeypatch.setattr(helper, "_is_scaling_mode_supported", None)
-    importlib.import_module("transformer_engine.jax.quantize.device_utils").is_fp8_gemm_with_all_layouts_supported \
-        .cache_clear()
+    importlib.import_module(
+      "transformer_engine.jax.quantize.device_utils"
+    ).is_fp8_gemm_with_all_layouts_supported.cache_clear()
     monkeypatch.setattr(te_backend, "gpu_compute_capability", lambda: sm)
     backends.resolve.cache_clear()
+
   yield pin
   backends.resolve.cache_clear()
-  importlib.import_module("transformer_engine.jax.quantize.device_utils").is_fp8_gemm_with_all_layouts_supported \
-      .cache_clear()
+  importlib.import_module(
+    "transformer_engine.jax.quantize.device_utils"
+  ).is_fp8_gemm_with_all_layouts_supported.cache_clear()

@@ -15,6 +15,7 @@ _LOC_REF = re.compile(r"loc\((#loc\d*)\)\s*$")
 @dataclasses.dataclass(frozen=True)
 class CustomCall:
   """One custom call as it runs: `scope` is the name stack of its call sites and itself, outermost first."""
+
   target: str
   result: str  # its SSA name (%14), local to `function`
   operands: tuple  # SSA references (%14#1, %arg3)
@@ -46,8 +47,8 @@ def _balanced(text, start):
     depth += text[i] == text[start]
     depth -= text[i] == close
     if depth == 0:
-      return text[start:i + 1]
-  raise ValueError(f"unbalanced {text[start]} in {text[start:start + 200]}")
+      return text[start : i + 1]
+  raise ValueError(f"unbalanced {text[start]} in {text[start : start + 200]}")
 
 
 def _types(text):
@@ -61,13 +62,20 @@ def _parse_custom_call(line, scope, function):
   head = _CUSTOM.match(line)
   open_paren = head.end() - 1
   operands_text = _balanced(line, open_paren)
-  rest = line[open_paren + len(operands_text):].lstrip()
+  rest = line[open_paren + len(operands_text) :].lstrip()
   attributes = _balanced(rest, 0) if rest.startswith("{") else ""
-  signature = rest[len(attributes):].split(" loc(")[0].strip().lstrip(":").strip()
+  signature = rest[len(attributes) :].split(" loc(")[0].strip().lstrip(":").strip()
   ins, outs = signature.split(" -> ")
-  return CustomCall(head.group("target"), head.group("result"),
-                    tuple(o.strip() for o in operands_text[1:-1].split(",") if o.strip()), attributes,
-                    _types(ins), _types(outs), scope, function)
+  return CustomCall(
+    head.group("target"),
+    head.group("result"),
+    tuple(o.strip() for o in operands_text[1:-1].split(",") if o.strip()),
+    attributes,
+    _types(ins),
+    _types(outs),
+    scope,
+    function,
+  )
 
 
 def custom_calls(module_text):
@@ -101,6 +109,7 @@ def custom_calls(module_text):
         yield _parse_custom_call(line, f"{scope}/{name(line)}", function)
       elif (call := _CALL.match(line)) and call.group(1) in bodies:
         yield from walk(call.group(1), f"{scope}/{name(line)}", depth + 1)
+
   return list(walk("main", "", 0))
 
 

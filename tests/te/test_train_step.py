@@ -10,25 +10,35 @@ import re
 import pytest
 
 from MaxText import config, precision
-from MaxText.model.decoder import GEMMS, MLP_GEMMS
+from MaxText.model import accounting
+from MaxText.precision import GEMMS, MLP_GEMMS
 from tests.conftest import REPO
 from tests.te.conftest import export_for_cuda
 from tests.te.stablehlo import custom_calls, producer
-from tests.test_train_step import _step_and_args
+from tests.trainer.test_train_step import _step_and_args
 
 pytestmark = pytest.mark.te
 
 # The named scope of each GEMM kind's Dense (its remat name) in the HLO.
-GEMM_OF_SCOPE = {"query_proj": "q", "key_proj": "k", "value_proj": "v", "out_proj": "o", "mlpwi_0": "gate",
-                 "mlpwi_1": "up", "mlpwo": "down"}
+GEMM_OF_SCOPE = {
+  "query_proj": "q",
+  "key_proj": "k",
+  "value_proj": "v",
+  "out_proj": "o",
+  "mlpwi_0": "gate",
+  "mlpwi_1": "up",
+  "mlpwo": "down",
+}
 LAYER_SCOPE = re.compile(r"layers_(\d+)(?:-(\d+))?")
 # Bf16 edge layers at both ends, so the plan has BF16 and NVFP4 layer ranges.
 EDGES = ["quantization_bf16_first_layers=1", "quantization_bf16_last_layers=1"]
 
 
 def _cfg(model, *extra):
-  return config.load(REPO / "configs" / f"{model}.yml", ["dataset_type=synthetic", "quantization_backend=te",
-                                                         "enable_tensorboard=false", *EDGES, *extra])
+  return config.load(
+    REPO / "configs" / f"{model}.yml",
+    ["dataset_type=synthetic", "quantization_backend=te", "enable_tensorboard=false", *EDGES, *extra],
+  )
 
 
 def _step_and_args_flat(cfg):
@@ -38,7 +48,7 @@ def _step_and_args_flat(cfg):
 
 def planned(cfg):
   """{(layer, gemm): (recipe, backend)} read from the precision plan as the trainer prints it."""
-  plan_text = precision.format_plan(precision.plan_from_config(cfg), cfg)
+  plan_text = precision.format_plan(precision.plan_from_config(cfg), cfg, accounting.gemm_flops(cfg))
   out = {}
   for line in plan_text.splitlines()[1:]:
     fields = line.split()
@@ -133,7 +143,9 @@ def test_llama3_8b_step_lowers_with_te_nvfp4_on_the_plans_mlp_gemms(gpu_of, quan
   assert sum(n for (_, _, role), n in runs.items() if not role.endswith("recomputed")) == 3 * 3 * te_layers
   # Full remat recomputes the forward in the backward: gate's and up's fprop (their outputs feed the activation's
   # backward); down's output isn't needed there, and jax drops its recomputation.
-  recomputed = collections.Counter(g for (_, g, role), n in runs.items() if role == "fprop_recomputed" for _ in range(n))
+  recomputed = collections.Counter(
+    g for (_, g, role), n in runs.items() if role == "fprop_recomputed" for _ in range(n)
+  )
   assert recomputed == {"gate": te_layers, "up": te_layers}
 
 
@@ -141,10 +153,12 @@ def test_remat_keeps_tes_quantized_operands_by_our_name(gpu_of):
   """remat_policy=minimal_with_quantization saves what TE quantized (te_backend names it qdot.REMAT_NAME): the
   backward quantizes only dy, where full remat quantizes x and w again."""
   gpu_of(100)
+
   def backward_quantizations(policy):
     cfg = _cfg("llama3_tiny", "quantization=te_nvfp4", "scan_layers=false", f"remat_policy={policy}")
     calls = custom_calls(export_for_cuda(*_step_and_args_flat(cfg)))
     return sum(c.target == "te_dbias_quantize_ffi" and "transpose(" in c.scope for c in calls)
+
   mlp_gemms = 3 * 2
   assert backward_quantizations("minimal_with_quantization") == mlp_gemms  # dy
   assert backward_quantizations("full") == 3 * mlp_gemms  # x and w recomputed, and dy

@@ -52,8 +52,9 @@ def _options_reason(recipe: Recipe):
   """
   if recipe.nvfp4_4over6 == "none" and recipe.backward_override == "none":
     return None
-  settings = ", ".join(f"{k}={getattr(recipe, k)}" for k in ("nvfp4_4over6", "backward_override")
-                       if getattr(recipe, k) != "none")
+  settings = ", ".join(
+    f"{k}={getattr(recipe, k)}" for k in ("nvfp4_4over6", "backward_override") if getattr(recipe, k) != "none"
+  )
   why = "Transformer Engine's JAX bindings (2.20) read neither nvfp4_4over6 nor backward_override"
   if recipe.nvfp4_4over6 in ("gradients", "all"):
     why += "; TE never applies Four Over Six to gradients"
@@ -72,8 +73,10 @@ def unavailable_reason(recipe: Recipe):
   if options is not None:
     return options
   if recipe.format is Format.NVFP4 and recipe.disable_2d_quantization and not recipe.disable_rht:
-    return ("disable_2d_quantization=true with the RHT: Transformer Engine 2.20's JAX NVFP4 then puts the RHT on the "
-            "weight's 1D quantization too, which its forward GEMM refuses; set disable_rht=true as well")
+    return (
+      "disable_2d_quantization=true with the RHT: Transformer Engine 2.20's JAX NVFP4 then puts the RHT on the "
+      "weight's 1D quantization too, which its forward GEMM refuses; set disable_rht=true as well"
+    )
   sm = gpu_compute_capability()
   need = min_sm(recipe)
   kind = "NVFP4" if recipe.format is Format.NVFP4 else "FP8"
@@ -88,14 +91,17 @@ def te_recipe(recipe: Recipe):
   """The TE recipe object for one of our te_* recipes."""
   r = importlib.import_module("transformer_engine.common.recipe")
   if recipe.format is Format.NVFP4:
-    return r.NVFP4BlockScaling(disable_rht=recipe.disable_rht,
-                               disable_stochastic_rounding=recipe.disable_stochastic_rounding,
-                               disable_2d_quantization=recipe.disable_2d_quantization)
+    return r.NVFP4BlockScaling(
+      disable_rht=recipe.disable_rht,
+      disable_stochastic_rounding=recipe.disable_stochastic_rounding,
+      disable_2d_quantization=recipe.disable_2d_quantization,
+    )
   if recipe.format is Format.FP8_CURRENT:
     return r.Float8CurrentScaling(fp8_format=r.Format.HYBRID)
   if recipe.format is Format.FP8_DELAYED:
-    return r.DelayedScaling(fp8_format=r.Format.HYBRID, amax_history_len=recipe.amax_history_len,
-                            amax_compute_algo=recipe.amax_compute_algo)
+    return r.DelayedScaling(
+      fp8_format=r.Format.HYBRID, amax_history_len=recipe.amax_history_len, amax_compute_algo=recipe.amax_compute_algo
+    )
   if recipe.format is Format.MXFP8:
     return r.MXFP8BlockScaling()
   raise ValueError(f"{recipe.name} has no Transformer Engine recipe")
@@ -123,13 +129,18 @@ def quantizer_set(recipe: Recipe, key, checkpoint_name=None):
   fp8_recipe = te_recipe(recipe)
   config = te_quantize.get_quantize_config_with_recipe(fp8_recipe)
   module = _SrRngStream(key)
-  sources = {"x": te_quantize.TensorSource.X, "kernel": te_quantize.TensorSource.KERNEL,
-             "grad": te_quantize.TensorSource.DGRAD}
-  metas = {name: config.get_quantize_flax_meta(module, config.COLLECTION_NAME, "", source, name)
-           for name, source in sources.items()}
-  return te_quantize.QuantizerFactory.create_set(fp8_recipe=fp8_recipe,
-                                                 quantize_meta_set=te_quantize.QuantizeMetaSet(**metas),
-                                                 checkpoint_name=checkpoint_name)
+  sources = {
+    "x": te_quantize.TensorSource.X,
+    "kernel": te_quantize.TensorSource.KERNEL,
+    "grad": te_quantize.TensorSource.DGRAD,
+  }
+  metas = {
+    name: config.get_quantize_flax_meta(module, config.COLLECTION_NAME, "", source, name)
+    for name, source in sources.items()
+  }
+  return te_quantize.QuantizerFactory.create_set(
+    fp8_recipe=fp8_recipe, quantize_meta_set=te_quantize.QuantizeMetaSet(**metas), checkpoint_name=checkpoint_name
+  )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -157,12 +168,17 @@ def qmatmul(x, w, recipe: Recipe, *, key, checkpoint_name=None):
   """x [M, K] . w [K, N] through TE's dense, as TE's DenseGeneral calls it (no bias); `checkpoint_name` names the
   quantized operands kept for the backward (a remat policy can save them). dw comes back in w's dtype."""
   te_dense = importlib.import_module("transformer_engine.jax.dense")
-  return te_dense.dense(x, _grad_in_dtype(w, jnp.dtype(w.dtype)), contracting_dims=((1,), (0,)),
-                        quantizer_set=quantizer_set(recipe, key, checkpoint_name))
+  return te_dense.dense(
+    x,
+    _grad_in_dtype(w, jnp.dtype(w.dtype)),
+    contracting_dims=((1,), (0,)),
+    quantizer_set=quantizer_set(recipe, key, checkpoint_name),
+  )
 
 
 class TEBackend:
   """Transformer Engine's dense (its quantizers, GEMMs and backward) for the recipes TE has (`recipe.te_name`)."""
+
   name = "te"
 
   def unavailable_reason(self, recipe: Recipe):
