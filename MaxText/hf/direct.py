@@ -53,9 +53,10 @@ def load(cfg, hf_dir, params_template):
       regions = {}  # devices holding the same slice (replicas) share one read
 
       def callback(index):
-        key = _full(index, shape)
+        index = _full(index, shape)
+        key = tuple((s.start, s.stop) for s in index)  # slices aren't hashable before Python 3.12
         if key not in regions:
-          regions[key] = read_region(hf, entry, key, dtype)
+          regions[key] = read_region(hf, entry, index, dtype)
         return regions[key]
       return jax.make_array_from_callback(shape, template.sharding, callback)
     return jax.tree_util.tree_map_with_path(leaf, params_template)

@@ -57,8 +57,8 @@ class CheckpointParams:
     self.stored = {}  # our parameter path -> (shape, dtype)
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
       keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-      if keys and keys[0] == "params" and hasattr(leaf, "shape"):
-        self.stored["/".join(k for k in keys[1:] if k != "value")] = (tuple(leaf.shape), np.dtype(leaf.dtype))
+      if keys and keys[0] == "params" and keys[-1] == "value" and hasattr(leaf, "shape"):
+        self.stored["/".join(keys[1:-1])] = (tuple(leaf.shape), np.dtype(leaf.dtype))
 
   def check(self, cfg):
     """HFError unless the checkpoint holds exactly `cfg`'s parameters, in its shapes."""
