@@ -370,9 +370,8 @@ def restore_params(step_dir, params_template):
   state = step_dir / "state"
   if not state.is_dir():
     raise CheckpointError(
-        f"load_parameters_path={step_dir} is neither a checkpoint step directory (no state/ in it; point at "
-        "<run dir>/checkpoints/<step> or an import's checkpoints/0) nor a Hugging Face model directory "
-        "(config.json and *.safetensors)")
+        f"{step_dir} is not a checkpoint step directory (no {step_dir.name}/state; point at <run dir>/checkpoints/"
+        "<step> or an import's checkpoints/0) nor a Hugging Face model directory (config.json beside *.safetensors)")
   target = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, params_template)}
   try:
     stored = {n for n in _stored_names(step_dir) if n.startswith("params.")}

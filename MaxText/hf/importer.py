@@ -60,9 +60,11 @@ def write_params(hf, cfg, state_dir, log=print):
     rows = names.hf_shape(cfg, entry)[0]
     step = writer.block_rows(entry.param, axis)
     for start in range(0, rows, step):
-      block = names.to_param_layout(entry, hf.read(name, (slice(start, start + step),))).astype(dtype)
+      stop = min(start + step, rows)
+      block = names.to_param_layout(entry, hf.read(name, (slice(start, stop),)))  # a transposed view: no copy
+      block = block if block.dtype == dtype else block.astype(dtype)
       index = [slice(None)] * len(shape)
-      index[axis] = slice(start, start + step)
+      index[axis] = slice(start, stop)
       if entry.per_layer:
         index[0] = layer
       writer.write(entry.param, tuple(index), block)

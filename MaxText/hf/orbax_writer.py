@@ -7,6 +7,7 @@ tensorstore and filled block by block, and the `_METADATA` tree record. tests/hf
 both files with what the installed Orbax writes for the same tree and restores the result through Orbax.
 """
 
+import collections
 import json
 import math
 
@@ -14,6 +15,7 @@ import numpy as np
 import tensorstore as ts
 
 CHUNK_BYTES = 64 << 20  # the zarr chunks (and the blocks an import writes) hold at most this much
+MAX_PENDING = 1  # a write in flight while the next block is read
 _ZARR_DTYPES = {"bfloat16": "bfloat16"}
 
 
@@ -40,14 +42,17 @@ class ParamCheckpointWriter:
   def __init__(self, state_dir, arrays):
     self.state_dir = state_dir
     self.state_dir.mkdir(parents=True)
-    self._stores, self._chunks = {}, {}
+    self._stores, self._chunks, self._pending = {}, {}, collections.deque()
+    # No fsync per chunk (tensorstore's default): the import is written in a temporary directory that becomes the
+    # output only once complete, and fsyncing each 64 MB chunk made writing 3x slower.
+    context = ts.Context({"file_io_sync": False})
     for path, (shape, dtype, block_axis, per_layer) in arrays.items():
       dtype = np.dtype(dtype)
       chunks = chunk_shape(shape, dtype.itemsize, block_axis, per_layer)
       spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(state_dir / ".".join(leaf_keys(path)))},
               "metadata": {"shape": list(shape), "chunks": chunks, "dtype": _ZARR_DTYPES.get(dtype.name, dtype.str),
                            "compressor": None, "fill_value": None, "order": "C", "dimension_separator": "."}}
-      self._stores[path] = ts.open(spec, create=True).result()
+      self._stores[path] = ts.open(spec, create=True, context=context).result()
       self._chunks[path] = chunks
 
   def block_rows(self, path, axis):
@@ -55,9 +60,14 @@ class ParamCheckpointWriter:
     return self._chunks[path][axis]
 
   def write(self, path, index, block):
-    self._stores[path][index].write(block).result()
+    """Starts writing `block` at `index`; at most MAX_PENDING writes are in flight (each holds its block)."""
+    self._pending.append(self._stores[path][index].write(block))
+    while len(self._pending) > MAX_PENDING:
+      self._pending.popleft().result()
 
   def finish(self):
+    while self._pending:
+      self._pending.popleft().result()
     tree = {}
     for path, store in self._stores.items():
       keys = leaf_keys(path)
