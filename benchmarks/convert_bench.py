@@ -49,7 +49,7 @@ print(json.dumps({"code": code, "seconds": seconds, "baseline": baseline, "peak"
 def write_checkpoint(out, args):
   """A bf16 LlamaForCausalLM checkpoint of random weights in shards of --shard-gb (with the index)."""
   from MaxText.hf import checkpoint, model_config, names  # pylint: disable=import-outside-toplevel
-  from MaxText.hf.exporter import ExportTensor, write_tensors  # pylint: disable=import-outside-toplevel
+  from MaxText.hf.exporter import ExportTensor, whole, write_tensors  # pylint: disable=import-outside-toplevel
   from MaxText.hf.importer import config_from_keys  # pylint: disable=import-outside-toplevel
   import ml_dtypes  # pylint: disable=import-outside-toplevel
   hf_config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": args.emb,
@@ -63,8 +63,9 @@ def write_checkpoint(out, args):
 
   def random_bf16(shape):
     return (rng.standard_normal(shape, np.float32) * 0.02).astype(ml_dtypes.bfloat16)
-  tensors = [ExportTensor(name, ml_dtypes.bfloat16, names.hf_shape(cfg, entry), lambda s=names.hf_shape(cfg, entry):
-                          random_bf16(s)) for name, (entry, _) in names.hf_names(cfg).items()]
+  tensors = [ExportTensor(name, ml_dtypes.bfloat16, names.hf_shape(cfg, entry),
+                          whole(lambda s=names.hf_shape(cfg, entry): random_bf16(s)))
+             for name, (entry, _) in names.hf_names(cfg).items()]
   out.mkdir(parents=True)
   write_tensors(out, tensors, int(args.shard_gb * 1e9))
   (out / "config.json").write_text(json.dumps(hf_config))

@@ -1,11 +1,11 @@
 """Our parameters -> a Hugging Face Llama directory: config.json, sharded safetensors with their index,
 generation_config.json and the tokenizer.
 
-The export is a list of named tensors, each with the function that computes it (`ExportTensor`), laid out into
-files of at most max_shard_bytes before any is computed, then computed and written one parameter kind at a time:
-host memory holds one stacked parameter (restored from the checkpoint) and one layer's tensor. A variant that
-writes other tensors for some parameters (issue #34's NVFP4 export) passes its own list to `write_tensors` and
-its own config fields to `write_model_files`.
+The export is a list of named tensors, each with the function that computes it in blocks of rows
+(`ExportTensor`), laid out into files of at most max_shard_bytes before any is computed, then computed and written
+one parameter kind at a time: host memory holds one stacked parameter (restored from the checkpoint as a NumPy
+array) and one block of at most BLOCK_BYTES. A variant that writes other tensors for some parameters (issue #34's
+NVFP4 export) passes its own list to `write_tensors` and its own config fields to `write_model_files`.
 """
 
 import dataclasses
@@ -28,19 +28,26 @@ from MaxText.hf.safetensors_file import SafetensorsWriter
 DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 DEFAULT_MAX_SHARD_BYTES = 5 * 10 ** 9  # transformers' long-standing default shard size
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+BLOCK_BYTES = 64 << 20  # a tensor is computed and written this many bytes of rows at a time
 
 
 @dataclasses.dataclass(frozen=True)
 class ExportTensor:
-  """One tensor of the export: name, dtype, shape, and `compute()` -> the array (called once, in list order)."""
+  """One tensor of the export: name, dtype, shape, and `blocks()` -> (first row, rows) pairs that together are the
+  tensor (called once, in list order; `whole(fn)` makes one block of fn())."""
   name: str
   dtype: typing.Any
   shape: tuple
-  compute: typing.Callable[[], np.ndarray]
+  blocks: typing.Callable[[], typing.Iterable]
 
   @property
   def nbytes(self):
     return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+def whole(compute):
+  """`blocks` of a tensor computed at once."""
+  return lambda: iter([(0, compute())])
 
 
 class CheckpointParams:
@@ -79,8 +86,9 @@ class CheckpointParams:
     for part in parts[:-1]:
       node = node.setdefault(part, {})
     node[parts[-1]] = {"value": jax.ShapeDtypeStruct(shape, dtype, sharding=cpu)}
-    args = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                                  partial_restore=True)
+    # Restored straight into NumPy: no second, device-side copy.
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray, dtype=dtype), target)
+    args = ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
     with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
       restored = checkpointer.restore(self.step_dir / "state", args=args)
     node = restored["params"]
@@ -94,19 +102,21 @@ def weight_tensors(cfg, params, dtype, skip=lambda entry, layer: False):
   first tensor is computed); `skip(entry, layer)` leaves tensors out for a variant to replace."""
   held = {}
 
-  def compute(entry, layer):
+  def blocks(entry, layer):
     if held.get("path") != entry.param:
       held.clear()
       held.update(path=entry.param, array=params.read(entry.param))
-    array = held["array"][layer] if entry.per_layer else held["array"]
-    return names.to_hf_layout(entry, array).astype(dtype)
+    hf_view = names.to_hf_layout(entry, held["array"][layer] if entry.per_layer else held["array"])
+    rows = max(1, BLOCK_BYTES // (math.prod(hf_view.shape[1:]) * np.dtype(dtype).itemsize))
+    for start in range(0, hf_view.shape[0], rows):
+      yield start, hf_view[start:start + rows].astype(dtype)
 
   out = []
   for entry in names.entries(cfg):
     for layer in (range(cfg.base_num_decoder_layers) if entry.per_layer else (None,)):
       if not skip(entry, layer):
         out.append(ExportTensor(entry.hf_name(layer), dtype, names.hf_shape(cfg, entry),
-                                lambda entry=entry, layer=layer: compute(entry, layer)))
+                                lambda entry=entry, layer=layer: blocks(entry, layer)))
   return out
 
 
@@ -134,7 +144,8 @@ def write_tensors(out_dir, tensors, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES):
                                        {t.name: (t.dtype, t.shape) for t in group}, metadata={"format": "pt"}))
       where.update({t.name: (filename, writers[-1]) for t in group})
     for t in tensors:
-      where[t.name][1].write(t.name, np.asarray(t.compute(), t.dtype).reshape(t.shape))
+      for row, block in t.blocks():
+        where[t.name][1].write(t.name, np.asarray(block, t.dtype), row)
   finally:
     for w in writers:
       w.close()

@@ -10,8 +10,6 @@ all go through `entries` and the two layout functions below.
 
 import dataclasses
 
-import numpy as np
-
 LAYER = "{layer}"
 
 
@@ -87,8 +85,8 @@ def to_param_layout(entry, hf_array):
 
 
 def to_hf_layout(entry, param_array):
-  """One parameter (one layer's slice of a stacked one) in HF's layout, C-contiguous for writing."""
-  return np.ascontiguousarray(param_array.T if entry.transpose else param_array)
+  """One parameter (one layer's slice of a stacked one) in HF's layout: a view, copied when written."""
+  return param_array.T if entry.transpose else param_array
 
 
 def hf_index(entry, param_index):
