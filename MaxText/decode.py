@@ -17,11 +17,15 @@ import sys
 
 import jax
 
-from MaxText import config as config_lib
+from MaxText import checkpointing, config as config_lib
 from MaxText import data, distributed, parameters, precision, run_setup, sampling, sharding
 from MaxText.errors import UserError
 from MaxText.generate import Generator
-from MaxText.train import USER_ERRORS
+from MaxText.quantization import backends
+
+# Mistakes the user can fix: one line on stderr, exit code 2 (as the trainer's).
+USER_ERRORS = (config_lib.ConfigError, UserError, data.TokenizerError, checkpointing.CheckpointError,
+               sharding.ShardingError, distributed.DistributedError, backends.BackendError)
 
 
 def check_decode_keys(cfg):
@@ -74,7 +78,6 @@ def load_params(cfg, params_template):
   if step_dir is None:
     raise UserError("nothing to decode: set load_parameters_path (a checkpoint step or Hugging Face directory, or an "
                     "import's config.yml sets it) or run_name of a run with checkpoints")
-  from MaxText import checkpointing  # pylint: disable=import-outside-toplevel
   return checkpointing.restore_params(step_dir, params_template), step_dir
 
 
