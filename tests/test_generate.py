@@ -55,15 +55,15 @@ def test_eos_stops_a_row_and_is_kept(hf_tiny_import):
 
 @jax.default_matmul_precision("highest")
 def test_te_nvfp4_prefill_is_the_training_forward_pass(hf_tiny_import):
-  tokens = jnp.asarray([PROMPTS[2]])
-  logits = {}
-  for recipe in ("", "te_nvfp4"):
-    cfg, graphdef, params, rest = tiny.load(hf_tiny_import / "config.yml", f"quantization={recipe}")
-    layers = precision.plan_from_config(cfg.replace(disable_stochastic_rounding=True)).layer_ranges
-    model = nnx.merge(graphdef, params, rest)
-    hidden, _ = model.decode_hidden(tokens, jnp.arange(tokens.shape[1])[None], KVCache.zeros(cfg, 1, 32),
-                                    layer_precisions=layers)
-    logits[recipe] = np.asarray(model.logits(hidden))
-    np.testing.assert_array_equal(logits[recipe], model(tokens, layer_precisions=layers))
-  error = np.sqrt(np.mean((logits["te_nvfp4"] - logits[""]) ** 2) / np.mean(logits[""] ** 2))
+  records, reference_logits = tiny.reference()
+  tokens = jnp.asarray([records[2]["prompt_ids"]])
+  cfg, graphdef, params, rest = tiny.load(hf_tiny_import / "config.yml", "quantization=te_nvfp4")
+  layers = precision.plan_from_config(cfg.replace(disable_stochastic_rounding=True)).layer_ranges
+  model = nnx.merge(graphdef, params, rest)
+  hidden, _ = model.decode_hidden(tokens, jnp.arange(tokens.shape[1])[None], KVCache.zeros(cfg, 1, 32),
+                                  layer_precisions=layers)
+  logits = np.asarray(model.logits(hidden))
+  np.testing.assert_array_equal(logits, model(tokens, layer_precisions=layers))
+  exact = reference_logits[2][None]  # transformers, float32
+  error = np.sqrt(np.mean((logits - exact) ** 2) / np.mean(exact ** 2))
   assert 0.03 < error < 0.5  # E2M1 MLPs: the NVFP4 forward runs

@@ -1,5 +1,5 @@
-"""Export: import then export is the original checkpoint bit for bit; a te_nvfp4 fine-tune exports, and the export
-re-imports to the trained parameters; refusals in one line."""
+"""Export: import then export is the original checkpoint bit for bit; a te_nvfp4 fine-tune (started from the HF
+directory directly) exports, and the export re-imports to the trained parameters; refusals in one line."""
 
 import json
 
@@ -55,7 +55,9 @@ def test_a_te_nvfp4_fine_tune_exports_and_reimports_to_its_parameters(hf_tiny_im
   overrides = ["steps=3", "quantization=te_nvfp4", "enable_checkpointing=true", "checkpoint_period=3",
                "dataset_type=synthetic", "max_target_length=32", "per_device_batch_size=2", "learning_rate=1e-2",
                "enable_tensorboard=false", f"base_output_directory={tmp_path}", "run_name=ft", f"jax_cache_dir={JAX_CACHE}"]
-  losses = train.train(config.load(hf_tiny_import / "config.yml", overrides))
+  # Trained from the Hugging Face directory itself (load_parameters_path=HF_TINY: the direct load in the trainer).
+  direct = importer.import_checkpoint(HF_TINY, tmp_path / "direct", direct=True, log=lambda *_: None)
+  losses = train.train(config.load(direct, overrides))
   assert len(losses) == 3 and np.isfinite(losses).all()
   cfg, step_dir = convert_hf.export_source(tmp_path / "ft")  # the run's newest checkpoint, its recorded config
   assert step_dir.name == "3" and cfg.quantization == "te_nvfp4"
