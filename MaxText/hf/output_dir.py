@@ -4,9 +4,13 @@ directory beside it and renamed into place only when complete."""
 import contextlib
 import os
 import pathlib
+import re
 import shutil
 
 from MaxText.hf import HFError
+
+# tensorstore reports storage faults as ValueError("<STATUS_CODE>: ...").
+_STORAGE_FAULT = re.compile(r"^(RESOURCE_EXHAUSTED|PERMISSION_DENIED|UNAVAILABLE|DATA_LOSS|INTERNAL|UNKNOWN): ")
 
 
 def check_output_dir(out_dir):
@@ -24,12 +28,16 @@ def staged(out_dir):
   check_output_dir(out_dir)
   tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
-  tmp.mkdir()
   try:
+    tmp.mkdir()
     yield tmp
     if out_dir.exists():
       out_dir.rmdir()  # empty (checked above)
     tmp.rename(out_dir)
-  except BaseException:
+  except BaseException as e:
     shutil.rmtree(tmp, ignore_errors=True)
+    if isinstance(e, OSError) or (isinstance(e, ValueError) and _STORAGE_FAULT.match(str(e))):
+      reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:200]
+      raise HFError(f"writing {out_dir} failed ({reason}); nothing was left behind: free space or fix "
+                    "permissions and rerun") from None
     raise

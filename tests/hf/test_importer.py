@@ -159,3 +159,15 @@ def test_an_output_directory_that_is_not_empty_is_refused(tmp_path):
   result = _cli("to-maxtext", HF_TINY, tmp_path / "out")
   assert result.returncode == 2 and "exists and is not empty" in result.stderr and result.stderr.count("\n") == 1
   assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
+
+
+def test_a_storage_fault_mid_import_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+  from MaxText.hf import orbax_writer  # pylint: disable=import-outside-toplevel
+
+  def full_disk(*_):
+    raise ValueError("RESOURCE_EXHAUSTED: Error writing file: No space left on device [OS error: 28]")
+  monkeypatch.setattr(orbax_writer.ParamCheckpointWriter, "write", full_disk)
+  assert convert_hf.main(["to-maxtext", str(HF_TINY), str(tmp_path / "out")]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "failed (RESOURCE_EXHAUSTED: Error writing file: No space left" in err, err
+  assert not list(tmp_path.iterdir())
