@@ -54,6 +54,7 @@ def test_float32_export_holds_the_same_values(hf_tiny_import, tmp_path):
 def test_a_te_nvfp4_fine_tune_exports_and_reimports_to_its_parameters(hf_tiny_import, tmp_path):
   overrides = ["steps=3", "quantization=te_nvfp4", "enable_checkpointing=true", "checkpoint_period=3",
                "dataset_type=synthetic", "max_target_length=32", "per_device_batch_size=2", "learning_rate=1e-2",
+               "remat_policy=none",
                "enable_tensorboard=false", f"base_output_directory={tmp_path}", "run_name=ft", f"jax_cache_dir={JAX_CACHE}"]
   # Trained from the Hugging Face directory itself (load_parameters_path=HF_TINY: the direct load in the trainer).
   direct = importer.import_checkpoint(HF_TINY, tmp_path / "direct", direct=True, log=lambda *_: None)
