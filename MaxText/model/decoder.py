@@ -82,7 +82,9 @@ class Transformer(nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     dtype, weight_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.weight_dtype)
-    self.embed = Embed(cfg.vocab_size, cfg.base_emb_dim, dtype=dtype, weight_dtype=weight_dtype, rngs=rngs)
+    # Tied, the embedding is also the lm head: initialised at the lm head's scale (1/sqrt(width)), not 1.
+    self.embed = Embed(cfg.vocab_size, cfg.base_emb_dim, dtype=dtype, weight_dtype=weight_dtype, rngs=rngs,
+                       stddev=cfg.base_emb_dim ** -0.5 if cfg.logits_via_embedding else 1.0)
 
     @nnx.split_rngs(splits=cfg.base_num_decoder_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
