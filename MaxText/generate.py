@@ -5,6 +5,8 @@ token for token wherever their logits do.
 
 Row b holds its prompt at positions 0..n_b-1 (right-padded to max_prefill_predict_length) and its t-th generated
 token at n_b + t; a row stops at EOS (kept in its completion) or when position max_target_length - 1 is filled.
+Under an NVFP4 plan a GEMM scales its activations by their amax over the tokens it multiplies, so a one-token step
+and a recompute of every token round a token differently: the two agree exactly under BF16/FP32 plans only.
 """
 
 import dataclasses
