@@ -72,3 +72,15 @@ def corpus(tmp_path_factory):
   """A small prepared text corpus: ArrayRecord text shards for the byte tokenizer, plus a TFDS copy 'plays'."""
   from tests.data.corpus import make_corpus  # pylint: disable=import-outside-toplevel
   return make_corpus(tmp_path_factory.mktemp("corpus"), "--tfds", "plays")
+
+
+HF_TINY = REPO / "tests" / "data" / "hf_tiny"  # made by scripts/make_tiny_llama.py (transformers), with its logits
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_import(tmp_path_factory):
+  """tests/data/hf_tiny imported once: the output directory (config.yml, checkpoints/0, hf/)."""
+  from MaxText.hf import importer  # pylint: disable=import-outside-toplevel
+  out = tmp_path_factory.mktemp("hf_tiny") / "imported"
+  importer.import_checkpoint(HF_TINY, out, log=lambda *_: None)
+  return out

@@ -368,3 +368,33 @@ def restore_step_dir(path, state_template):
   if step is None and path.name.isdigit():
     step = int(path.name)
   return state, dict(data_state or {}), step
+
+
+def restore_params(step_dir, params_template):
+  """The parameters of checkpoint `step_dir` (<...>/checkpoints/<step>), typed and sharded like `params_template`
+  (stored bf16 becomes the template's f32); the rest of the checkpoint is not read."""
+  step_dir = pathlib.Path(step_dir).absolute()
+  state = step_dir / "state"
+  if not state.is_dir():
+    raise CheckpointError(
+        f"{step_dir} is not a checkpoint step directory (no {step_dir.name}/state; point at <run dir>/checkpoints/"
+        "<step> or an import's checkpoints/0) nor a Hugging Face model directory (config.json beside *.safetensors)")
+  target = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, params_template)}
+  try:
+    stored = {n for n in _stored_names(step_dir) if n.startswith("params.")}
+  except Exception as e:  # unreadable metadata
+    raise CheckpointError(f"can't read checkpoint {step_dir}: {_reason(e)}") from None
+  difference = structure_difference(stored, target)
+  if difference:
+    raise CheckpointError(f"checkpoint {step_dir} can't start this config: {difference}")
+  args = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                                partial_restore=True)
+  try:
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+      restored = checkpointer.restore(state, args=args)
+  except Exception as e:  # damaged files, shapes of another model
+    message = str(e)
+    reason = (_shape_mismatch(message) if "not compatible with the stored shape" in message
+              else _reason(e))
+    raise CheckpointError(f"can't load parameters from {step_dir}: {reason}") from None
+  return restored["params"]

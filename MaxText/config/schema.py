@@ -110,6 +110,9 @@ SCHEMA = {
     "base_mlp_dim": Key(int, 7168, "SwiGLU hidden width"),
     "base_num_decoder_layers": Key(int, 16, "decoder layers"),
     "vocab_size": Key(int, 32000, "vocabulary size (embedding rows and lm head columns)"),
+    "logits_via_embedding": Key(bool, False, "the lm head is the embedding's transpose (tied embeddings, as Llama "
+                                "3.2 1B/3B; no lm_head parameter); MaxText's key, without its Gemma-style "
+                                "normalize_embedding_logits"),
     "mlp_activations": Key(list, ["silu", "linear"], "gated MLP activations: [gate, up]"),
     "normalization_layer_epsilon": Key(float, 1e-5, "RMSNorm epsilon"),
     "rope_max_timescale": Key(float, 500000.0, "RoPE base (theta)"),
@@ -176,10 +179,27 @@ SCHEMA = {
     "async_checkpointing": Key(bool, True, "write checkpoints in the background while training goes on"),
     "checkpoint_period": Key(int, 100, "save every this many steps (and when training ends or is preempted)"),
     "max_num_checkpoints_to_keep": Key(int, 3, "keep the newest this many checkpoints (0 = all)"),
-    "load_parameters_path": Key(str, "", "start from the parameters of this checkpoint item directory "
-                                "(fresh optimizer, step 0)"),
+    "load_parameters_path": Key(str, "", "start from these parameters (fresh optimizer, step 0): a checkpoint step "
+                                "directory (<run dir>/checkpoints/<step>, an import's checkpoints/0) or a Hugging Face "
+                                "Llama directory, read directly (each process reads its devices' slices)"),
     "load_full_state_path": Key(str, "", "start from this checkpoint step directory: parameters, optimizer "
                                 "state, step and data position"),
+    # -- decode (python -m MaxText.decode; MaxText's keys)
+    "prompt": Key(str, "I love to", "decode: the prompt, encoded as the tokenizer encodes it (a tokenizer.json's own "
+                  "post-processor decides BOS)"),
+    "prompts_file": Key(str, "", "decode: a UTF-8 file of prompts, one per line, decoded in batches of "
+                        "per_device_batch_size x devices (instead of prompt)"),
+    "decode_output_file": Key(str, "", "decode: write one JSON line per prompt here (prompt, prompt_ids, "
+                              "completion_ids, completion, prefill and decode tokens/s)"),
+    "max_prefill_predict_length": Key(int, 64, "decode: the longest prompt in tokens; prompts are prefilled at once, "
+                                      "padded to this length"),
+    "decode_sampling_strategy": Key(str, "greedy", "decode: greedy (argmax), weighted (sample the softmax), topk "
+                                    "(sample the top decode_sampling_top_k) or nucleus (sample the smallest set "
+                                    "holding decode_sampling_nucleus_p of the probability)",
+                                    ("greedy", "weighted", "topk", "nucleus")),
+    "decode_sampling_temperature": Key(float, 1.0, "decode: logits are divided by this before sampling"),
+    "decode_sampling_top_k": Key(int, 0, "decode: k of decode_sampling_strategy=topk"),
+    "decode_sampling_nucleus_p": Key(float, -1.0, "decode: p of decode_sampling_strategy=nucleus, in (0, 1]"),
 }
 
 
@@ -220,10 +240,12 @@ RANGES = {
                            "amax_history_len", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads",
                            "head_dim", "base_mlp_dim", "base_num_decoder_layers", "vocab_size",
                            "rope_original_max_position", "jax_distributed_initialization_timeout",
-                           "grain_max_pieces_per_document", "eval_steps", "checkpoint_period", "num_vocab_tiling")},
+                           "grain_max_pieces_per_document", "eval_steps", "checkpoint_period", "num_vocab_tiling",
+                           "max_prefill_predict_length")},
     **{n: _NONNEGATIVE for n in ("skip_first_n_steps_for_profiler", "quantization_bf16_first_layers",
                                  "quantization_bf16_last_layers", "quantization_stats_period", "num_devices",
-                                 "eval_interval", "max_num_checkpoints_to_keep", "data_prefetch_depth")},
+                                 "eval_interval", "max_num_checkpoints_to_keep", "data_prefetch_depth",
+                                 "decode_sampling_top_k")},
     **{n: _OR_MINUS_1 for n in ("warmup_steps", "learning_rate_schedule_steps", "high_precision_from_step")},
     **{f"{k}_{a}_parallelism": _OR_MINUS_1 for k in ("ici", "dcn") for a in MESH_AXES},
     "seed": Span(0, 2 ** 32 - 1),  # grain's shuffle and numpy's generators take unsigned 32-bit seeds
@@ -233,14 +255,14 @@ RANGES = {
     **{n: _FRACTION for n in ("warmup_steps_fraction", "cosine_learning_rate_final_fraction")},
     **{n: Span(0, 1, high_open=True) for n in ("adam_b1", "adam_b2")},
     **{n: _POSITIVE for n in ("adam_eps", "normalization_layer_epsilon", "rope_max_timescale", "rope_scaling_factor",
-                              "rope_low_freq_factor", "rope_high_freq_factor")},
+                              "rope_low_freq_factor", "rope_high_freq_factor", "decode_sampling_temperature")},
     "per_device_batch_size": Span(0, INT32_MAX, low_open=True),
 }
 # Paths get ~ and $VARIABLES expanded as a shell would and are made absolute against the directory the command was
 # started in, once, when the config is loaded: nothing later (a subprocess, Orbax, a data worker) can read them
 # against another directory.
 PATH_KEYS = ("base_output_directory", "grain_train_files", "grain_eval_files", "dataset_path", "tokenizer_path",
-             "load_parameters_path", "load_full_state_path", "jax_cache_dir")
+             "load_parameters_path", "load_full_state_path", "jax_cache_dir", "prompts_file", "decode_output_file")
 _VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 

@@ -39,6 +39,10 @@ class Tokenizer:
   def decode(self, ids) -> str:
     raise NotImplementedError
 
+  def encode_prompt(self, text: str) -> list:
+    """A prompt's ids as generation starts from them: BOS (as the data pipeline starts every document), then text."""
+    return ([self.bos_id] if self.bos_id is not None else []) + self.encode(text)
+
 
 class ByteTokenizer(Tokenizer):
   """UTF-8 bytes 0..255, then BOS 256 and EOS 257: needs no file."""
@@ -64,6 +68,13 @@ class HuggingFaceTokenizer(Tokenizer):
 
   def encode(self, text):
     return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_prompt(self, text):
+    """As the tokenizer.json's own post-processor encodes it (Llama 3's adds BOS, once); one without a
+    post-processor gets BOS as the data pipeline gives every document."""
+    if self._tok.post_processor is None:
+      return super().encode_prompt(text)
+    return self._tok.encode(text, add_special_tokens=True).ids
 
   def decode(self, ids):
     return self._tok.decode(list(ids))

@@ -9,12 +9,13 @@ GIB = 2 ** 30
 
 
 def param_count(cfg) -> int:
-  """Exact parameter count of the Llama 3 decoder (untied embedding and lm head)."""
+  """Exact parameter count of the Llama 3 decoder (one vocab x width matrix fewer with logits_via_embedding)."""
   d, f, h, kv, dh = cfg.base_emb_dim, cfg.base_mlp_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
   attention = d * h * dh * 2 + d * kv * dh * 2
   mlp = 3 * d * f
   per_layer = attention + mlp + 2 * d
-  return 2 * cfg.vocab_size * d + cfg.base_num_decoder_layers * per_layer + d
+  embeddings = (1 if cfg.logits_via_embedding else 2) * cfg.vocab_size * d
+  return embeddings + cfg.base_num_decoder_layers * per_layer + d
 
 
 @dataclasses.dataclass(frozen=True)

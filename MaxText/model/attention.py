@@ -1,6 +1,7 @@
 """Grouped-query self-attention with RoPE: q/k/v/o projections through Dense, core in XLA or cuDNN."""
 
 import math
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -45,20 +46,50 @@ def packed_documents(cfg):
   return cfg.packing and cfg.dataset_type != "synthetic"
 
 
-def dot_product_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL=None):
-  """Causal GQA attention in XLA: GEMMs on the compute dtype, scores and softmax in f32; with segment ids,
-  attention never crosses segments."""
+def _gqa_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxLxS):
+  """GQA attention in XLA where `mask` allows: GEMMs on the compute dtype, scores and softmax in f32."""
   b, l, h, d = q_BxLxHxD.shape
   kv = k_BxSxKxD.shape[2]
   q = q_BxLxHxD.reshape(b, l, kv, h // kv, d)
   dtype = q_BxLxHxD.dtype
   scores = dots.einsum("blkgd,bskd->bkgls", q, k_BxSxKxD, jnp.float32, dtype) / math.sqrt(d)
+  probs = jax.nn.softmax(jnp.where(mask_BxLxS[:, None, None], scores, NEG_INF), axis=-1)
+  out = dots.einsum("bkgls,bskd->blkgd", probs, v_BxSxKxD, dtype, dtype)
+  return out.reshape(b, l, h, d)
+
+
+def dot_product_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL=None):
+  """Causal GQA attention in XLA; with segment ids, attention never crosses segments."""
+  l = q_BxLxHxD.shape[1]
   mask_LxS = jnp.tril(jnp.ones((l, l), bool))[None]
   if segment_ids_BxL is not None:
     mask_LxS = mask_LxS & (segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :])
-  probs = jax.nn.softmax(jnp.where(mask_LxS[:, None, None], scores, NEG_INF), axis=-1)
-  out = dots.einsum("bkgls,bskd->blkgd", probs, v_BxSxKxD, dtype, dtype)
-  return out.reshape(b, l, h, d)
+  return _gqa_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, mask_LxS)
+
+
+class KVCache(typing.NamedTuple):
+  """Keys and values [B, S, K, D] (K key/value heads: GQA's cache is K/H of the queries'), in slots by position.
+  Stacked over the decoder layers ([L, B, S, K, D]) when the model holds it."""
+  k: jax.Array
+  v: jax.Array
+
+  @classmethod
+  def zeros(cls, cfg, batch, length):
+    shape = (cfg.base_num_decoder_layers, batch, length, cfg.base_num_kv_heads, cfg.head_dim)
+    return cls(jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
+
+  def written(self, k_BxTxKxD, v_BxTxKxD, positions_BxT):
+    """The cache with the new tokens' keys and values in their positions' slots."""
+    rows = jnp.arange(k_BxTxKxD.shape[0])[:, None]
+    return KVCache(self.k.at[rows, positions_BxT].set(k_BxTxKxD.astype(self.k.dtype)),
+                   self.v.at[rows, positions_BxT].set(v_BxTxKxD.astype(self.v.dtype)))
+
+
+def cached_attention(q_BxTxHxD, cache: KVCache, positions_BxT):
+  """T new queries over the cache: the query at position p sees slots 0..p (earlier tokens and itself)."""
+  slots_S = jnp.arange(cache.k.shape[1])
+  mask_BxTxS = slots_S[None, None, :] <= positions_BxT[:, :, None]
+  return _gqa_attention(q_BxTxHxD, cache.k.astype(q_BxTxHxD.dtype), cache.v.astype(q_BxTxHxD.dtype), mask_BxTxS)
 
 
 def cudnn_flash_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL=None):
@@ -96,7 +127,8 @@ class Attention(nnx.Module):
     self.kernel = ATTENTION_KERNELS[cfg.attention]
     self.packed = packed_documents(cfg)
 
-  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, precision, key, stats_sinks=None):
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, precision, key, stats_sinks=None, kv_cache=None):
+    """(output [B, L, D], the KV cache with these tokens written, or None without one)."""
     b, l, _ = x_BxLxD.shape
     keys = jax.random.split(key, 4) if key is not None else [None] * 4
     sinks = stats_sinks or {}
@@ -105,10 +137,15 @@ class Attention(nnx.Module):
     k = self.key(x_BxLxD, precision["k"], keys[1], sinks.get("k")).reshape(b, l, self.kv_heads, self.head_dim)
     v = self.value(x_BxLxD, precision["v"], keys[2], sinks.get("v")).reshape(b, l, self.kv_heads, self.head_dim)
     q, k = apply_rope(q, positions_BxL, inv_freq), apply_rope(k, positions_BxL, inv_freq)
-    segments = segment_ids_BxL if self.packed else None  # unpacked rows: causal only, no mask tensor
-    ctx = checkpoint_name(self.kernel(q, k, v, segments), "context").reshape(b, l, self.heads * self.head_dim)
-    return self.out(ctx, precision["o"], keys[3], sinks.get("o"))
+    if kv_cache is not None:  # decoding: attend to the cached tokens and these
+      kv_cache = kv_cache.written(k, v, positions_BxL)
+      ctx = cached_attention(q, kv_cache, positions_BxL)
+    else:
+      segments = segment_ids_BxL if self.packed else None  # unpacked rows: causal only, no mask tensor
+      ctx = self.kernel(q, k, v, segments)
+    ctx = checkpoint_name(ctx, "context").reshape(b, l, self.heads * self.head_dim)
+    return self.out(ctx, precision["o"], keys[3], sinks.get("o")), kv_cache
 
 
-__all__ = ["Attention", "GemmPrecision", "apply_rope", "cudnn_flash_attention", "dot_product_attention",
-           "packed_documents", "rope_frequencies"]
+__all__ = ["Attention", "GemmPrecision", "KVCache", "apply_rope", "cached_attention", "cudnn_flash_attention",
+           "dot_product_attention", "packed_documents", "rope_frequencies"]

@@ -51,11 +51,13 @@ class DecoderLayer(nnx.Module):
     self.pre_mlp_norm = RMSNorm(cfg.base_emb_dim, **norm)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, precision, key, stats_sinks=None):
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, precision, key, stats_sinks=None, kv_cache=None):
+    """(output, this layer's KV cache with these tokens written, or None)."""
     k_attn, k_mlp = jax.random.split(key) if key is not None else (None, None)
-    x = x_BxLxD + self.attention(self.pre_attention_norm(x_BxLxD), positions_BxL, segment_ids_BxL,
-                                 precision, k_attn, stats_sinks)
-    return x + self.mlp(self.pre_mlp_norm(x), precision, k_mlp, stats_sinks)
+    attended, kv_cache = self.attention(self.pre_attention_norm(x_BxLxD), positions_BxL, segment_ids_BxL,
+                                        precision, k_attn, stats_sinks, kv_cache)
+    x = x_BxLxD + attended
+    return x + self.mlp(self.pre_mlp_norm(x), precision, k_mlp, stats_sinks), kv_cache
 
 
 class Transformer(nnx.Module):
@@ -72,7 +74,9 @@ class Transformer(nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     dtype, weight_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.weight_dtype)
-    self.embed = Embed(cfg.vocab_size, cfg.base_emb_dim, dtype=dtype, weight_dtype=weight_dtype, rngs=rngs)
+    # Tied, the embedding is also the lm head: initialised at the lm head's scale (1/sqrt(width)), not 1.
+    self.embed = Embed(cfg.vocab_size, cfg.base_emb_dim, dtype=dtype, weight_dtype=weight_dtype, rngs=rngs,
+                       stddev=cfg.base_emb_dim ** -0.5 if cfg.logits_via_embedding else 1.0)
 
     @nnx.split_rngs(splits=cfg.base_num_decoder_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -82,42 +86,48 @@ class Transformer(nnx.Module):
     self.layers = make_layers(rngs)
     self.final_norm = RMSNorm(cfg.base_emb_dim, epsilon=cfg.normalization_layer_epsilon, dtype=dtype,
                               weight_dtype=weight_dtype)
-    self.lm_head = nnx.Param(nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")(
-        rngs.params(), (cfg.base_emb_dim, cfg.vocab_size), weight_dtype))
+    self.logits_via_embedding = cfg.logits_via_embedding
+    if not cfg.logits_via_embedding:
+      self.lm_head = nnx.Param(nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")(
+          rngs.params(), (cfg.base_emb_dim, cfg.vocab_size), weight_dtype))
     self.num_layers = cfg.base_num_decoder_layers
     self.scan_layers = cfg.scan_layers
     self.remat_policy = cfg.remat_policy
     self.dtype = dtype
     self.num_vocab_tiling = cfg.num_vocab_tiling
 
-  def _run_layers(self, x, positions, segment_ids, layer_precisions, key, stats_sinks):
+  def _run_layers(self, x, positions, segment_ids, layer_precisions, key, stats_sinks, kv_cache=None):
+    """(x after the layers, the stacked KV cache with these tokens written, or None)."""
     graphdef, layer_params = nnx.split(self.layers)
-    stacked = (layer_params, stats_sinks)
+    stacked = (layer_params, stats_sinks, kv_cache)
 
     def block(precision):
       def body(x, layer_state_and_index):
-        (layer_state, sinks), index = layer_state_and_index
+        (layer_state, sinks, cache), index = layer_state_and_index
         layer = nnx.merge(graphdef, layer_state)
         layer_key = jax.random.fold_in(key, index) if key is not None else None
         x = sharding.constrain(x, ACTIVATION_AXES)
-        return layer(x, positions, segment_ids, precision, layer_key, sinks), None
+        return layer(x, positions, segment_ids, precision, layer_key, sinks, cache)
       if self.remat_policy != "none":
         body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan_layers)
       return body
 
     # Named scopes (layers_<i>, or layers_<start>-<stop-1> for a scanned range) name each layer's ops in the HLO
     # and in profiles; tests attribute the lowered GEMMs to layers by them.
+    caches = []
     for start, stop, precision in layer_precisions:
       body = block(precision)
       if self.scan_layers:
         part = jax.tree.map(lambda a: a[start:stop], stacked)
         with jax.named_scope(f"layers_{start}-{stop - 1}"):
-          x, _ = jax.lax.scan(body, x, (part, jnp.arange(start, stop)))
+          x, cache = jax.lax.scan(body, x, (part, jnp.arange(start, stop)))
+        caches.append(cache)
       else:
         for i in range(start, stop):
           with jax.named_scope(f"layers_{i}"):
-            x, _ = body(x, (jax.tree.map(lambda a, i=i: a[i], stacked), jnp.int32(i)))
-    return x
+            x, cache = body(x, (jax.tree.map(lambda a, i=i: a[i], stacked), jnp.int32(i)))
+          caches.append(jax.tree.map(lambda a: a[None], cache))
+    return x, (None if kv_cache is None else jax.tree.map(lambda *parts: jnp.concatenate(parts), *caches))
 
   def hidden(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, layer_precisions=None, key=None,
              stats_sinks=None):
@@ -130,12 +140,27 @@ class Transformer(nnx.Module):
     if layer_precisions is None:
       layer_precisions = [(0, self.num_layers, uniform())]
     x = self.embed(tokens_BxL)
-    x = self._run_layers(x, positions_BxL, segment_ids_BxL, layer_precisions, key, stats_sinks)
+    x, _ = self._run_layers(x, positions_BxL, segment_ids_BxL, layer_precisions, key, stats_sinks)
     return self.final_norm(sharding.constrain(x, ACTIVATION_AXES))
+
+  def decode_hidden(self, tokens_BxT, positions_BxT, kv_cache, *, layer_precisions=None):
+    """(final norm's output [B, T, D] of T new tokens at `positions`, each attending to the cached tokens at
+    earlier positions and to itself; the stacked KV cache with them written): prefill (T = the prompt) and
+    decode steps (T = 1)."""
+    if layer_precisions is None:
+      layer_precisions = [(0, self.num_layers, uniform())]
+    segment_ids = jnp.ones(tokens_BxT.shape, jnp.int32)
+    x, kv_cache = self._run_layers(self.embed(tokens_BxT), positions_BxT, segment_ids, layer_precisions, None, None,
+                                   kv_cache)
+    return self.final_norm(x), kv_cache
+
+  def head_kernel(self):
+    """The lm head's [D, vocab] kernel: its own parameter, or the embedding's transpose (logits_via_embedding)."""
+    return self.embed.embedding[...].T if self.logits_via_embedding else self.lm_head[...]
 
   def logits(self, x_BxLxD):
     """The lm head: bf16 (compute dtype) GEMM, f32 logits [B, L, vocab]."""
-    logits = dots.einsum("bld,dv->blv", x_BxLxD, self.lm_head[...], jnp.float32, self.dtype)
+    logits = dots.einsum("bld,dv->blv", x_BxLxD, self.head_kernel(), jnp.float32, self.dtype)
     return sharding.constrain(logits, LOGITS_AXES)
 
   def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, layer_precisions=None, key=None,

@@ -74,8 +74,8 @@ class RMSNorm(nnx.Module):
 class Embed(nnx.Module):
   """Token embedding lookup [vocab, emb] (outside the precision hook)."""
 
-  def __init__(self, vocab_size, features, *, dtype, weight_dtype, rngs: nnx.Rngs):
-    self.embedding = nnx.Param(nnx.initializers.normal(1.0)(rngs.params(), (vocab_size, features), weight_dtype))
+  def __init__(self, vocab_size, features, *, dtype, weight_dtype, rngs: nnx.Rngs, stddev=1.0):
+    self.embedding = nnx.Param(nnx.initializers.normal(stddev)(rngs.params(), (vocab_size, features), weight_dtype))
     self.dtype = dtype
 
   def __call__(self, tokens_BxL):

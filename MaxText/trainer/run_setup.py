@@ -14,6 +14,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from MaxText import checkpointing, data
+from MaxText.checkpointing import parameters
 from MaxText.errors import UserError
 from MaxText.model import accounting
 from MaxText.model.decoder import Transformer, abstract_model
@@ -109,9 +110,9 @@ def _initial_state(cfg, checkpointer, template):
     print(f"loaded the full state from {cfg.load_full_state_path} (step {step})", flush=True)
     return step, tree, data_state
   if cfg.load_parameters_path:
-    tree, _, _ = checkpointing.restore_step_dir(cfg.load_parameters_path, template)
+    params = parameters.load(cfg, cfg.load_parameters_path, template["params"])
     print(f"loaded parameters from {cfg.load_parameters_path}; fresh optimizer state, step 0", flush=True)
-    return 0, {**template, "params": tree["params"]}, {}
+    return 0, {**template, "params": params}, {}
   return 0, template, {}
 
 

@@ -38,7 +38,7 @@ def loss_terms(model, batch, layer_precisions, key, stats_sinks=None):
   x = model.hidden(batch["inputs"], batch["positions"], batch["segment_ids"], layer_precisions=layer_precisions,
                    key=key, stats_sinks=stats_sinks)
   if model.num_vocab_tiling > 1:
-    xent_sum = vocab_tiling.xent_sum(x, model.lm_head[...], batch["targets"], batch["weights"],
+    xent_sum = vocab_tiling.xent_sum(x, model.head_kernel(), batch["targets"], batch["weights"],
                                      model.num_vocab_tiling, model.dtype)
   else:
     xent = optax.softmax_cross_entropy_with_integer_labels(model.logits(x), batch["targets"])

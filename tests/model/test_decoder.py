@@ -53,12 +53,13 @@ def _np_reference(params, tokens, cfg):
     m = lp["mlp"]
     y = rms(x, lp["pre_mlp_norm"]["scale"])
     x = x + (silu(y @ m["gate"]["kernel"]) * (y @ m["up"]["kernel"])) @ m["down"]["kernel"]
-  return rms(x, p["final_norm"]["scale"]) @ p["lm_head"]
+  head = p["embed"]["embedding"].T if cfg.logits_via_embedding else p["lm_head"]
+  return rms(x, p["final_norm"]["scale"]) @ head
 
 
-@pytest.mark.parametrize("scan", [True, False])
-def test_forward_matches_numpy_reference(scan):
-  cfg = _cfg(f"scan_layers={scan}", "remat_policy=none")
+@pytest.mark.parametrize("scan, tied", [(True, False), (False, False), (True, True)])
+def test_forward_matches_numpy_reference(scan, tied):
+  cfg = _cfg(f"scan_layers={scan}", "remat_policy=none", f"logits_via_embedding={tied}")
   model = Transformer(cfg, rngs=nnx.Rngs(0))
   tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.max_target_length))
   with jax.default_matmul_precision("highest"):  # f32 means f32 (a GPU's default for f32 dots is TF32)
@@ -66,6 +67,8 @@ def test_forward_matches_numpy_reference(scan):
   assert logits.shape == (2, cfg.max_target_length, cfg.vocab_size) and logits.dtype == jnp.float32
   want = _np_reference(nnx.state(model, nnx.Param), tokens, cfg)
   np.testing.assert_allclose(np.asarray(logits), want, rtol=2e-4, atol=2e-4)
+  if tied:  # no lm_head; the embedding, also the head, starts at the head's scale: logits of order 1
+    assert "lm_head" not in nnx.state(model, nnx.Param) and float(jnp.std(logits)) < 3.0
 
 
 def test_parameter_shapes_and_dtypes():

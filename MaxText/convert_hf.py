@@ -1,0 +1,107 @@
+"""Hugging Face Llama checkpoints in and out:
+
+    python -m MaxText.convert_hf to-maxtext HF_DIR OUT_DIR [--direct]
+        HF_DIR (config.json, *.safetensors, tokenizer.json) -> OUT_DIR/config.yml, OUT_DIR/checkpoints/0 (the
+        parameters, streamed) and OUT_DIR/hf (the tokenizer and config files); `python train.py OUT_DIR/config.yml`
+        continues from the published weights. --direct writes only config.yml, whose load_parameters_path is HF_DIR:
+        the trainer then reads each device's slices straight from the safetensors (no conversion).
+    python -m MaxText.convert_hf to-hf CONFIG_OR_RUN_DIR OUT_DIR [--dtype bfloat16|float32]
+        [--max-shard-size BYTES] [key=value ...]
+        a config's parameters (its run's newest checkpoint, else its load_parameters_path) or a run directory's newest
+        checkpoint -> OUT_DIR: config.json, sharded *.safetensors with model.safetensors.index.json,
+        generation_config.json and the tokenizer (default dtype bfloat16, as Llama is published).
+"""
+
+import argparse
+import logging
+import pathlib
+import sys
+
+from MaxText import checkpointing, config as config_lib, parameters
+from MaxText.errors import UserError
+from MaxText.hf import HFError, exporter, importer
+from MaxText.hf.checkpoint import is_hf_dir
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):
+    raise HFError(f"{message} (python -m MaxText.convert_hf --help)")
+
+
+def _parser():
+  parser = _Parser(prog="python -m MaxText.convert_hf", description=__doc__.split("\n\n")[0],
+                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
+  sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+  to_maxtext = sub.add_parser("to-maxtext", help="import a Hugging Face Llama checkpoint")
+  to_maxtext.add_argument("hf_dir")
+  to_maxtext.add_argument("out_dir")
+  to_maxtext.add_argument("--direct", action="store_true", help="write config.yml only; the trainer reads HF_DIR")
+  to_hf = sub.add_parser("to-hf", help="export parameters as a Hugging Face Llama checkpoint")
+  to_hf.add_argument("source", metavar="CONFIG_OR_RUN_DIR")
+  to_hf.add_argument("out_dir")
+  to_hf.add_argument("--dtype", default="bfloat16", choices=sorted(exporter.DTYPES))
+  to_hf.add_argument("--max-shard-size", type=int, default=exporter.DEFAULT_MAX_SHARD_BYTES, metavar="BYTES")
+  to_hf.add_argument("overrides", nargs="*", metavar="key=value")
+  return parser
+
+
+def _config_of_step(step_dir, fallback):
+  """The config a checkpoint was written under (its meta item), else the run directory's config.yml."""
+  meta = checkpointing._read_meta(step_dir)  # pylint: disable=protected-access
+  if meta.get("config"):
+    defaults = {n: k.default for n, k in config_lib.SCHEMA.items()}
+    return config_lib.Config(**{**defaults, **{k: v for k, v in meta["config"].items() if k in config_lib.SCHEMA}})
+  if fallback.is_file():
+    return config_lib.load(fallback)
+  raise HFError(f"{step_dir} records no config and {fallback} doesn't exist; export with the config file instead")
+
+
+def export_source(source, overrides=()):
+  """(config, checkpoint step directory) to export: a run directory's newest checkpoint with its config, or a config
+  file's run's newest checkpoint, else its load_parameters_path."""
+  path = pathlib.Path(source)
+  if path.is_dir():
+    step_dir = parameters.newest_step_dir(path)
+    if step_dir is None and (path / "config.yml").is_file():
+      path = path / "config.yml"
+    elif step_dir is None:
+      raise HFError(f"{path}: no checkpoints/<step> and no config.yml; give a run directory with checkpoints or a "
+                    "config file")
+    else:
+      cfg = _config_of_step(step_dir, path / "config.yml")
+      return (cfg.replace(**config_lib.parse_overrides(overrides)) if overrides else cfg), step_dir
+  cfg = config_lib.load(path, overrides)
+  step_dir = parameters.newest_step_dir(pathlib.Path(cfg.base_output_directory) / cfg.run_name) if cfg.run_name \
+      else None
+  if step_dir is None and cfg.load_parameters_path:
+    if is_hf_dir(cfg.load_parameters_path):
+      raise HFError(f"{path}: load_parameters_path={cfg.load_parameters_path} is a Hugging Face directory already and "
+                    "the run has no checkpoint: nothing to export")
+    step_dir = pathlib.Path(cfg.load_parameters_path)
+  if step_dir is None:
+    raise HFError(f"{path}: nothing to export: the run {cfg.base_output_directory}/{cfg.run_name or '<run_name>'} "
+                  "has no checkpoint and load_parameters_path is empty")
+  return cfg, step_dir
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+  if not argv or argv[0] in ("-h", "--help"):
+    print(__doc__.strip())
+    return 0 if argv else 2
+  try:
+    args = _parser().parse_args(argv)
+    if args.command == "to-maxtext":
+      importer.import_checkpoint(args.hf_dir, args.out_dir, direct=args.direct)
+    else:
+      cfg, step_dir = export_source(args.source, args.overrides)
+      exporter.export(cfg, step_dir, args.out_dir, dtype=args.dtype, max_shard_bytes=args.max_shard_size)
+  except (UserError, config_lib.ConfigError, checkpointing.CheckpointError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

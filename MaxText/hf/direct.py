@@ -1,0 +1,62 @@
+"""A Hugging Face Llama directory loaded straight into sharded parameters: each process reads, for each tensor, only
+the slices its devices hold (no conversion step before a large run)."""
+
+import jax
+import numpy as np
+
+from MaxText import sharding
+from MaxText.hf import HFError, names
+from MaxText.hf.checkpoint import HFCheckpoint
+
+# The config keys a checkpoint's config.json fixes: the run's config must agree with every one.
+MODEL_KEYS = ("base_emb_dim", "base_mlp_dim", "base_num_decoder_layers", "base_num_query_heads", "base_num_kv_heads",
+              "head_dim", "vocab_size", "normalization_layer_epsilon", "logits_via_embedding", "rope_max_timescale",
+              "rope_type", "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+              "rope_original_max_position")
+
+
+def check_agrees(cfg, hf):
+  """HFError naming the first model key where the run's config and the checkpoint's config.json differ."""
+  for key in MODEL_KEYS:
+    if key in hf.keys and hf.keys[key] != getattr(cfg, key):
+      raise HFError(f"{hf.dir}/config.json gives {key}={hf.keys[key]!r} but the config has {getattr(cfg, key)!r}; "
+                    f"set {key}={hf.keys[key]} (python -m MaxText.convert_hf to-maxtext {hf.dir} OUT --direct "
+                    "writes a config that agrees)")
+
+
+def read_region(hf, entry, index, dtype):
+  """Our parameter's `index` (a tuple of bounded step-1 slices, the layer axis first for stacked ones) from the HF
+  tensors."""
+  if not entry.per_layer:
+    return names.to_param_layout(entry, hf.read(entry.hf_name(), names.hf_index(entry, index))).astype(dtype)
+  layers = range(index[0].start, index[0].stop)
+  rest = names.hf_index(entry, index[1:])
+  return np.stack([names.to_param_layout(entry, hf.read(entry.hf_name(layer), rest)).astype(dtype)
+                   for layer in layers])
+
+
+def _full(index, shape):
+  return tuple(slice(*s.indices(d)) for s, d in zip(index, shape))
+
+
+def load(cfg, hf_dir, params_template):
+  """Parameters shaped, typed and sharded like `params_template` (an nnx Param state of jax arrays or
+  ShapeDtypeStructs with shardings), read from `hf_dir`'s safetensors."""
+  entries = {e.param: e for e in names.entries(cfg)}
+  with HFCheckpoint(hf_dir) as hf:
+    check_agrees(cfg, hf)
+    hf.check(cfg)
+
+    def leaf(path, template):
+      entry = entries[sharding.param_path(path)]
+      dtype, shape = np.dtype(template.dtype), template.shape
+      regions = {}  # devices holding the same slice (replicas) share one read
+
+      def callback(index):
+        index = _full(index, shape)
+        key = tuple((s.start, s.stop) for s in index)  # slices aren't hashable before Python 3.12
+        if key not in regions:
+          regions[key] = read_region(hf, entry, index, dtype)
+        return regions[key]
+      return jax.make_array_from_callback(shape, template.sharding, callback)
+    return jax.tree_util.tree_map_with_path(leaf, params_template)

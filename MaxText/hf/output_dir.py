@@ -1,0 +1,43 @@
+"""An output directory written whole or not at all: refused if it holds anything, filled in a hidden temporary
+directory beside it and renamed into place only when complete."""
+
+import contextlib
+import os
+import pathlib
+import re
+import shutil
+
+from MaxText.hf import HFError
+
+# tensorstore reports storage faults as ValueError("<STATUS_CODE>: ...").
+_STORAGE_FAULT = re.compile(r"^(RESOURCE_EXHAUSTED|PERMISSION_DENIED|UNAVAILABLE|DATA_LOSS|INTERNAL|UNKNOWN): ")
+
+
+def check_output_dir(out_dir):
+  out_dir = pathlib.Path(out_dir)
+  if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    raise HFError(f"output directory {out_dir} exists and is not empty; give a new directory (nothing was written)")
+  if not out_dir.parent.is_dir():
+    raise HFError(f"output directory {out_dir}: its parent {out_dir.parent} doesn't exist")
+
+
+@contextlib.contextmanager
+def staged(out_dir):
+  """A temporary directory beside `out_dir`, renamed to it on success and removed on any failure."""
+  out_dir = pathlib.Path(out_dir).absolute()
+  check_output_dir(out_dir)
+  tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+  shutil.rmtree(tmp, ignore_errors=True)
+  try:
+    tmp.mkdir()
+    yield tmp
+    if out_dir.exists():
+      out_dir.rmdir()  # empty (checked above)
+    tmp.rename(out_dir)
+  except BaseException as e:
+    shutil.rmtree(tmp, ignore_errors=True)
+    if isinstance(e, OSError) or (isinstance(e, ValueError) and _STORAGE_FAULT.match(str(e))):
+      reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:200]
+      raise HFError(f"writing {out_dir} failed ({reason}); nothing was left behind: free space or fix "
+                    "permissions and rerun") from None
+    raise

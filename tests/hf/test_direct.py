@@ -1,0 +1,59 @@
+"""load_parameters_path naming a Hugging Face directory: on 8 devices (fsdp 4 x tensor 2) every process reads only
+the slices its devices hold, and the sharded arrays equal the imported checkpoint's."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from MaxText import config
+from MaxText.hf import HFError, direct
+from MaxText.hf.checkpoint import HFCheckpoint
+from tests.conftest import HF_TINY, REPO, cpu_subprocess_env
+
+SCRIPT = textwrap.dedent("""
+    import sys, jax, numpy as np
+    from MaxText import config, parameters, run_setup, sharding
+    from MaxText.hf import checkpoint, importer
+    out = importer.import_checkpoint(sys.argv[1], sys.argv[2] + "/imported", log=lambda *_: None)
+    direct_cfg = sys.argv[2] + "/direct"
+    importer.import_checkpoint(sys.argv[1], direct_cfg, direct=True, log=lambda *_: None)
+    cfg = config.load(direct_cfg + "/config.yml", ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"])
+    assert cfg.load_parameters_path == sys.argv[1]
+    mesh = sharding.make_mesh(cfg)
+    _, abstract, _ = run_setup.abstract_model(cfg)
+    shardings = sharding.param_shardings(abstract, mesh)
+    template = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    reads = []
+    original = checkpoint.HFCheckpoint.read
+    def read(self, name, index=None):
+      a = original(self, name, index)
+      reads.append((name, a.size, int(np.prod(self.info(name).shape))))
+      return a
+    checkpoint.HFCheckpoint.read = read
+    loaded = parameters.load(cfg, cfg.load_parameters_path, template)
+    checkpoint.HFCheckpoint.read = original
+    imported = parameters.load(cfg, str(out.parent / "checkpoints" / "0"), template)
+    def same(a, b, s):
+      assert a.sharding == s and b.sharding == s, (a.sharding, s)
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    jax.tree.map(same, loaded, imported, shardings)
+    gate = [r for r in reads if r[0] == "model.layers.0.mlp.gate_proj.weight"]
+    assert gate and all(size * 8 == full for _, size, full in gate), gate  # one eighth per read
+    embed = [r for r in reads if r[0] == "model.embed_tokens.weight"]
+    assert embed and all(size * 8 == full for _, size, full in embed), embed
+    print("OK", len(reads), "reads")
+""")
+
+
+def test_direct_load_reads_each_devices_slices_and_equals_the_import(tmp_path):
+  result = subprocess.run([sys.executable, "-c", SCRIPT, str(HF_TINY), str(tmp_path)], cwd=REPO,
+                          env=cpu_subprocess_env(8), capture_output=True, text=True, check=False)
+  assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+
+
+def test_a_config_that_disagrees_with_config_json_is_refused(hf_tiny_import):
+  cfg = config.load(hf_tiny_import / "config.yml", ["normalization_layer_epsilon=1e-5"])
+  with HFCheckpoint(HF_TINY) as hf, pytest.raises(HFError, match="normalization_layer_epsilon=1e-06 but the config has"):
+    direct.check_agrees(cfg, hf)
