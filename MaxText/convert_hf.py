@@ -17,10 +17,11 @@ import logging
 import pathlib
 import sys
 
-from MaxText import checkpointing, config as config_lib, parameters
+from MaxText import checkpointing, config as config_lib
+from MaxText.checkpointing import parameters
 from MaxText.errors import UserError
-from MaxText.hf import HFError, exporter, importer
-from MaxText.hf.checkpoint import is_hf_dir
+from MaxText.checkpointing.hf import HFError, exporter, importer
+from MaxText.checkpointing.hf.checkpoint import is_hf_dir
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,7 +48,7 @@ def _parser():
 
 def _config_of_step(step_dir, fallback):
   """The config a checkpoint was written under (its meta item), else the run directory's config.yml."""
-  meta = checkpointing._read_meta(step_dir)  # pylint: disable=protected-access
+  meta = checkpointing.read_meta(step_dir)
   if meta.get("config"):
     defaults = {n: k.default for n, k in config_lib.SCHEMA.items()}
     return config_lib.Config(**{**defaults, **{k: v for k, v in meta["config"].items() if k in config_lib.SCHEMA}})

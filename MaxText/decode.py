@@ -18,9 +18,13 @@ import sys
 import jax
 
 from MaxText import checkpointing, config as config_lib
-from MaxText import data, distributed, parameters, precision, run_setup, sampling, sharding
+from MaxText import data, precision
+from MaxText.checkpointing import parameters
+from MaxText.inference import sampling
+from MaxText.model.decoder import abstract_model
+from MaxText.runtime import distributed, sharding
 from MaxText.errors import UserError
-from MaxText.generate import Generator
+from MaxText.inference.generate import Generator
 from MaxText.quantization import backends
 
 # Mistakes the user can fix: one line on stderr, exit code 2 (as the trainer's).
@@ -114,7 +118,7 @@ def decode(cfg, log=print):
   devices = jax.devices()
   batch = config_lib.RunShape.of(cfg, len(devices)).global_batch_size
   mesh = sharding.make_mesh(cfg, devices)
-  graphdef, abstract_params, rest = run_setup.abstract_model(cfg)
+  graphdef, abstract_params, rest = abstract_model(cfg)
   with jax.set_mesh(mesh):
     shardings = sharding.param_shardings(abstract_params, mesh)
     template = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params,

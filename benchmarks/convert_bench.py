@@ -48,9 +48,9 @@ print(json.dumps({"code": code, "seconds": seconds, "baseline": baseline, "peak"
 
 def write_checkpoint(out, args):
   """A bf16 LlamaForCausalLM checkpoint of random weights in shards of --shard-gb (with the index)."""
-  from MaxText.hf import checkpoint, model_config, names  # pylint: disable=import-outside-toplevel
-  from MaxText.hf.exporter import ExportTensor, whole, write_tensors  # pylint: disable=import-outside-toplevel
-  from MaxText.hf.importer import config_from_keys  # pylint: disable=import-outside-toplevel
+  from MaxText.checkpointing.hf import checkpoint, model_config, names  # pylint: disable=import-outside-toplevel
+  from MaxText.checkpointing.hf.exporter import ExportTensor, whole, write_tensors  # pylint: disable=import-outside-toplevel
+  from MaxText.checkpointing.hf.importer import config_from_keys  # pylint: disable=import-outside-toplevel
   import ml_dtypes  # pylint: disable=import-outside-toplevel
   hf_config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": args.emb,
                "intermediate_size": args.mlp, "num_hidden_layers": args.layers, "num_attention_heads": args.heads,

@@ -25,13 +25,13 @@ import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from MaxText import config as config_lib  # noqa: E402
-from MaxText import precision, run_setup  # noqa: E402
-from MaxText.generate import Generator  # noqa: E402
-from MaxText.model.decoder import Transformer  # noqa: E402
+from MaxText import precision  # noqa: E402
+from MaxText.inference.generate import Generator  # noqa: E402
+from MaxText.model.decoder import Transformer, abstract_model  # noqa: E402
 
 
 def tokens_per_second(cfg, params, use_cache, prompts, repeats):
-  graphdef, _, rest = run_setup.abstract_model(cfg)
+  graphdef, _, rest = abstract_model(cfg)
   plan = precision.plan_from_config(cfg.replace(disable_stochastic_rounding=True))
   generate = Generator(cfg, graphdef, rest, plan.layer_ranges, len(prompts), use_cache=use_cache)
   rates = []

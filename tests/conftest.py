@@ -80,7 +80,7 @@ HF_TINY = REPO / "tests" / "data" / "hf_tiny"  # made by scripts/make_tiny_llama
 @pytest.fixture(scope="session")
 def hf_tiny_import(tmp_path_factory):
   """tests/data/hf_tiny imported once: the output directory (config.yml, checkpoints/0, hf/)."""
-  from MaxText.hf import importer  # pylint: disable=import-outside-toplevel
+  from MaxText.checkpointing.hf import importer  # pylint: disable=import-outside-toplevel
   out = tmp_path_factory.mktemp("hf_tiny") / "imported"
   importer.import_checkpoint(HF_TINY, out, log=lambda *_: None)
   return out

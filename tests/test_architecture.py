@@ -20,14 +20,17 @@ RANKS = [
   ("MaxText.config", 1),
   ("MaxText.runtime", 2),
   ("MaxText.data", 2),
-  ("MaxText.checkpointing", 2),
   ("MaxText.precision", 3),
-  ("MaxText.model", 4),
-  ("MaxText.trainer", 5),  # its step functions, optimizer, preflight and loop
-  ("MaxText.trainer.hooks", 6),  # what the loop calls
-  ("MaxText.trainer.run_setup", 7),  # building a run: its hooks included
-  ("MaxText.trainer.run", 8),  # a run from start to end
-  ("MaxText.train", 9),  # the CLI
+  ("MaxText.checkpointing", 4),  # Orbax, starting parameters, Hugging Face files (shardings, tokenizers, the plan)
+  ("MaxText.model", 5),
+  ("MaxText.trainer", 6),  # its step functions, optimizer, preflight and loop
+  ("MaxText.inference", 6),  # generation from a model: prefill, KV-cache decode steps, sampling
+  ("MaxText.trainer.hooks", 7),  # what the loop calls
+  ("MaxText.trainer.run_setup", 8),  # building a run: its hooks included
+  ("MaxText.trainer.run", 9),  # a run from start to end
+  ("MaxText.train", 10),  # the CLI
+  ("MaxText.convert_hf", 10),  # the Hugging Face conversion CLI
+  ("MaxText.decode", 10),  # the generation CLI
 ]
 
 

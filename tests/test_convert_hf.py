@@ -6,7 +6,7 @@ import pathlib
 import pytest
 
 from MaxText import convert_hf
-from MaxText.hf import HFError
+from MaxText.checkpointing.hf import HFError
 from tests.conftest import HF_TINY
 
 

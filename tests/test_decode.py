@@ -9,7 +9,7 @@ import pytest
 
 from MaxText import decode
 from tests.conftest import REPO, cpu_subprocess_env
-from tests.hf import tiny
+from tests.checkpointing.hf import tiny
 
 
 def _decode(*args):

@@ -1,10 +1,13 @@
-"""Checkpoints: Orbax saves and resumes of the training state (checkpointer.py)."""
+"""Checkpoints: Orbax saves and resumes of the training state (checkpointer.py), where a run's starting parameters
+come from (parameters.py), and Hugging Face checkpoints in and out (hf/)."""
 
 from MaxText.checkpointing.checkpointer import (
   DATA_KEYS,
   CheckpointError,
   Checkpointer,
   meta_record,
+  read_meta,
+  restore_params,
   restore_step_dir,
   settings_difference,
   structure_difference,
@@ -15,6 +18,8 @@ __all__ = [
   "CheckpointError",
   "Checkpointer",
   "meta_record",
+  "read_meta",
+  "restore_params",
   "restore_step_dir",
   "settings_difference",
   "structure_difference",

@@ -171,7 +171,7 @@ class Checkpointer:
     """CheckpointError when the (readable-looking) checkpoint can't serve this config: named, never moved aside."""
     try:
       stored = _stored_names(self.directory / str(step))
-      meta = _read_meta(self.directory / str(step))
+      meta = read_meta(self.directory / str(step))
     except Exception:  # damaged metadata: the restore that follows reports it as unreadable
       return
     difference = structure_difference(stored, state_template) if stored else None
@@ -342,7 +342,7 @@ def _stored_names(step_dir):
   return {leaf.name for leaf in jax.tree.leaves(getattr(metadata, "item_metadata", metadata))}
 
 
-def _read_meta(step_dir):
+def read_meta(step_dir):
   """A checkpoint's meta record ({} for checkpoints written before it existed)."""
   step_dir = pathlib.Path(step_dir)
   return dict(ocp.JsonCheckpointHandler().restore(step_dir / "meta") or {}) if (step_dir / "meta").is_dir() else {}
@@ -361,7 +361,7 @@ def restore_step_dir(path, state_template):
     state = ocp.StandardCheckpointer().restore(path / "state", jax.tree.map(ocp.utils.to_shape_dtype_struct,
                                                                              state_template))
     data_state = ocp.JsonCheckpointHandler().restore(path / "data") if (path / "data").is_dir() else {}
-    meta = _read_meta(path)
+    meta = read_meta(path)
   except Exception as e:
     raise CheckpointError(f"can't read checkpoint {path}: {_reason(e)}") from e
   step = (meta or {}).get("step")

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from MaxText.sampling import Sampling, sample
+from MaxText.inference.sampling import Sampling, sample
 
 PROBS = np.array([0.5, 0.3, 0.15, 0.05], np.float32)
 

@@ -7,7 +7,7 @@ import pathlib
 import re
 import shutil
 
-from MaxText.hf import HFError
+from MaxText.checkpointing.hf import HFError
 
 # tensorstore reports storage faults as ValueError("<STATUS_CODE>: ...").
 _STORAGE_FAULT = re.compile(r"^(RESOURCE_EXHAUSTED|PERMISSION_DENIED|UNAVAILABLE|DATA_LOSS|INTERNAL|UNKNOWN): ")

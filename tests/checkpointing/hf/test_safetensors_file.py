@@ -8,8 +8,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from MaxText.hf import HFError
-from MaxText.hf import safetensors_file as st
+from MaxText.checkpointing.hf import HFError
+from MaxText.checkpointing.hf import safetensors_file as st
 from tests.conftest import REPO
 
 TINY = REPO / "tests" / "data" / "hf_tiny"

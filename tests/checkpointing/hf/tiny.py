@@ -5,7 +5,9 @@ import json
 import jax
 import numpy as np
 
-from MaxText import config, parameters, run_setup
+from MaxText import config
+from MaxText.checkpointing import parameters
+from MaxText.model.decoder import abstract_model
 from tests.conftest import HF_TINY
 
 
@@ -20,7 +22,7 @@ def load(config_path, *overrides, path=None):
   """(cfg, graphdef, params, rest): the config's model (float32 unless overridden) with the parameters of
   load_parameters_path (or `path`) on the first device."""
   cfg = config.load(config_path, ["dtype=float32", *overrides])
-  graphdef, abstract, rest = run_setup.abstract_model(cfg)
+  graphdef, abstract, rest = abstract_model(cfg)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   template = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract)
   return cfg, graphdef, parameters.load(cfg, path or cfg.load_parameters_path, template), rest

@@ -8,11 +8,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from MaxText import config, convert_hf, train
-from MaxText.hf import exporter, importer
-from MaxText.hf.checkpoint import INDEX, HFCheckpoint
+from MaxText import config, convert_hf
+from MaxText.trainer import run as train
+from MaxText.checkpointing.hf import exporter, importer
+from MaxText.checkpointing.hf.checkpoint import INDEX, HFCheckpoint
 from tests.conftest import HF_TINY, JAX_CACHE
-from tests.hf import tiny
+from tests.checkpointing.hf import tiny
 
 
 def _tensors(hf_dir):

@@ -4,16 +4,16 @@ Hugging Face Llama directory, read directly; and a run directory's newest checkp
 
 import pathlib
 
-from MaxText import checkpointing
-from MaxText.hf import checkpoint as hf_checkpoint
-from MaxText.hf import direct
+from MaxText.checkpointing.checkpointer import restore_params
+from MaxText.checkpointing.hf import checkpoint as hf_checkpoint
+from MaxText.checkpointing.hf import direct
 
 
 def load(cfg, path, params_template):
   """Parameters from load_parameters_path `path`: a Hugging Face directory or a checkpoint step directory."""
   if hf_checkpoint.is_hf_dir(path):
     return direct.load(cfg, path, params_template)
-  return checkpointing.restore_params(path, params_template)
+  return restore_params(path, params_template)
 
 
 def newest_step_dir(run_dir):

@@ -14,13 +14,13 @@ import pytest
 from flax import nnx
 
 from MaxText import config, convert_hf
-from MaxText.generate import Generator
-from MaxText.hf import importer
-from MaxText.hf.checkpoint import INDEX
-from MaxText.hf.safetensors_file import SafetensorsFile, SafetensorsWriter
-from MaxText.model.decoder import uniform_precision
+from MaxText.inference.generate import Generator
+from MaxText.checkpointing.hf import importer
+from MaxText.checkpointing.hf.checkpoint import INDEX
+from MaxText.checkpointing.hf.safetensors_file import SafetensorsFile, SafetensorsWriter
+from MaxText.precision import uniform
 from tests.conftest import HF_TINY, REPO
-from tests.hf import tiny
+from tests.checkpointing.hf import tiny
 
 
 @jax.default_matmul_precision("highest")
@@ -40,7 +40,7 @@ def test_greedy_continuations_match_transformers_token_for_token(hf_tiny_import)
   cfg, graphdef, params, rest = tiny.load(hf_tiny_import / "config.yml", f"max_prefill_predict_length={longest}",
                                           f"max_target_length={longest + 20}")
   # One batch of prompts of different lengths, no EOS stop (as the reference).
-  generate = Generator(cfg, graphdef, rest, [(0, cfg.base_num_decoder_layers, uniform_precision())], len(records))
+  generate = Generator(cfg, graphdef, rest, [(0, cfg.base_num_decoder_layers, uniform())], len(records))
   result = generate(params, [r["prompt_ids"] for r in records])
   for record, completion in zip(records, result.completions):
     assert completion[:20] == record["greedy_ids"], record["prompt"]
@@ -96,7 +96,7 @@ def test_tied_embeddings_import_as_logits_via_embedding_and_export_back(tmp_path
   model = nnx.merge(graphdef, params, rest)
   x = model.hidden(jnp.asarray([[0, 51, 48]]))
   np.testing.assert_array_equal(model.logits(x), jnp.einsum("bld,vd->blv", x, params["embed"]["embedding"][...]))
-  from MaxText.hf import exporter  # pylint: disable=import-outside-toplevel
+  from MaxText.checkpointing.hf import exporter  # pylint: disable=import-outside-toplevel
   exporter.export(cfg, tmp_path / "imported" / "checkpoints" / "0", tmp_path / "exported", log=lambda *_: None)
   exported = json.loads((tmp_path / "exported" / "config.json").read_text())
   assert exported["tie_word_embeddings"] is True
@@ -162,7 +162,7 @@ def test_an_output_directory_that_is_not_empty_is_refused(tmp_path):
 
 
 def test_a_storage_fault_mid_import_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
-  from MaxText.hf import orbax_writer  # pylint: disable=import-outside-toplevel
+  from MaxText.checkpointing.hf import orbax_writer  # pylint: disable=import-outside-toplevel
 
   def full_disk(*_):
     raise ValueError("RESOURCE_EXHAUSTED: Error writing file: No space left on device [OS error: 28]")

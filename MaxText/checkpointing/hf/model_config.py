@@ -4,7 +4,7 @@ scaling), tied embeddings; and what an export writes back."""
 import json
 import pathlib
 
-from MaxText.hf import HFError
+from MaxText.checkpointing.hf import HFError
 
 ARCHITECTURE = "LlamaForCausalLM"
 ROPE_SCALING_KEYS = {"factor": "rope_scaling_factor", "low_freq_factor": "rope_low_freq_factor",

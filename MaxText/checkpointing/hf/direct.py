@@ -4,9 +4,9 @@ the slices its devices hold (no conversion step before a large run)."""
 import jax
 import numpy as np
 
-from MaxText import sharding
-from MaxText.hf import HFError, names
-from MaxText.hf.checkpoint import HFCheckpoint
+from MaxText.runtime import sharding
+from MaxText.checkpointing.hf import HFError, names
+from MaxText.checkpointing.hf.checkpoint import HFCheckpoint
 
 # The config keys a checkpoint's config.json fixes: the run's config must agree with every one.
 MODEL_KEYS = ("base_emb_dim", "base_mlp_dim", "base_num_decoder_layers", "base_num_query_heads", "base_num_kv_heads",

@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
 
-from MaxText.hf.orbax_writer import ParamCheckpointWriter, leaf_keys
+from MaxText.checkpointing.hf.orbax_writer import ParamCheckpointWriter, leaf_keys
 
 ARRAYS = {"embed/embedding": np.arange(40, dtype=np.float32).reshape(8, 5),
           "layers/mlp/gate/kernel": np.arange(60, dtype=np.float32).reshape(3, 5, 4) / 7}

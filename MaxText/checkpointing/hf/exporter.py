@@ -20,10 +20,10 @@ import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
 
-from MaxText.hf import HFError, model_config, names
-from MaxText.hf.checkpoint import INDEX, write_index
-from MaxText.hf.output_dir import staged
-from MaxText.hf.safetensors_file import SafetensorsWriter
+from MaxText.checkpointing.hf import HFError, model_config, names
+from MaxText.checkpointing.hf.checkpoint import INDEX, write_index
+from MaxText.checkpointing.hf.output_dir import staged
+from MaxText.checkpointing.hf.safetensors_file import SafetensorsWriter
 
 DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 DEFAULT_MAX_SHARD_BYTES = 5 * 10 ** 9  # transformers' long-standing default shard size

@@ -8,21 +8,24 @@ import textwrap
 import pytest
 
 from MaxText import config
-from MaxText.hf import HFError, direct
-from MaxText.hf.checkpoint import HFCheckpoint
+from MaxText.checkpointing.hf import HFError, direct
+from MaxText.checkpointing.hf.checkpoint import HFCheckpoint
 from tests.conftest import HF_TINY, REPO, cpu_subprocess_env
 
 SCRIPT = textwrap.dedent("""
     import sys, jax, numpy as np
-    from MaxText import config, parameters, run_setup, sharding
-    from MaxText.hf import checkpoint, importer
+    from MaxText import config
+    from MaxText.checkpointing import parameters
+    from MaxText.model.decoder import abstract_model
+    from MaxText.runtime import sharding
+    from MaxText.checkpointing.hf import checkpoint, importer
     out = importer.import_checkpoint(sys.argv[1], sys.argv[2] + "/imported", log=lambda *_: None)
     direct_cfg = sys.argv[2] + "/direct"
     importer.import_checkpoint(sys.argv[1], direct_cfg, direct=True, log=lambda *_: None)
     cfg = config.load(direct_cfg + "/config.yml", ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"])
     assert cfg.load_parameters_path == sys.argv[1]
     mesh = sharding.make_mesh(cfg)
-    _, abstract, _ = run_setup.abstract_model(cfg)
+    _, abstract, _ = abstract_model(cfg)
     shardings = sharding.param_shardings(abstract, mesh)
     template = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
     reads = []

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from MaxText.hf import HFError, model_config
-from MaxText.hf.importer import config_from_keys
+from MaxText.checkpointing.hf import HFError, model_config
+from MaxText.checkpointing.hf.importer import config_from_keys
 from tests.conftest import REPO
 
 TINY = json.loads((REPO / "tests" / "data" / "hf_tiny" / "config.json").read_text())

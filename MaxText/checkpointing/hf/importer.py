@@ -14,10 +14,10 @@ import numpy as np
 import yaml
 
 from MaxText import config as config_lib
-from MaxText.hf import HFError, model_config, names
-from MaxText.hf.checkpoint import HFCheckpoint
-from MaxText.hf.orbax_writer import ParamCheckpointWriter
-from MaxText.hf.output_dir import check_output_dir, staged
+from MaxText.checkpointing.hf import HFError, model_config, names
+from MaxText.checkpointing.hf.checkpoint import HFCheckpoint
+from MaxText.checkpointing.hf.orbax_writer import ParamCheckpointWriter
+from MaxText.checkpointing.hf.output_dir import check_output_dir, staged
 
 CHECKPOINT = "checkpoints/0"  # OUT_DIR/checkpoints/0/state: a run directory's layout, step 0, parameters only
 COMPANIONS = "hf"  # OUT_DIR/hf: the tokenizer and config files that came with the weights

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from MaxText import precision, sampling
-from MaxText.generate import Generator
+from MaxText import precision
+from MaxText.inference import sampling
+from MaxText.inference.generate import Generator
 from MaxText.model.attention import KVCache
-from tests.hf import tiny
+from tests.checkpointing.hf import tiny
 
 PROMPTS = [[0, 51, 48, 46, 38, 48, 15], [0, 53, 80], [0, 45, 81, 60, 285, 310, 13, 222, 60, 81, 14], [0, 40]]
 

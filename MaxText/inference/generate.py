@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from MaxText import sampling as sampling_lib
+from MaxText.inference import sampling as sampling_lib
 from MaxText.model.attention import KVCache
 
 

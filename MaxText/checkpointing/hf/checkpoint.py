@@ -7,8 +7,8 @@ import pathlib
 
 import numpy as np
 
-from MaxText.hf import HFError, model_config, names
-from MaxText.hf.safetensors_file import SafetensorsFile
+from MaxText.checkpointing.hf import HFError, model_config, names
+from MaxText.checkpointing.hf.safetensors_file import SafetensorsFile
 
 INDEX = "model.safetensors.index.json"
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")

@@ -15,7 +15,7 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from MaxText.hf import HFError
+from MaxText.checkpointing.hf import HFError
 
 # The format's dtype names (safetensors' Dtype enum) and their little-endian numpy types.
 DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16, "F16": np.float16,
