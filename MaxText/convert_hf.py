@@ -1,15 +1,15 @@
 """Hugging Face Llama checkpoints in and out:
 
-    python -m MaxText.convert_hf to-maxtext HF_DIR OUT_DIR [--direct]
-        HF_DIR (config.json, *.safetensors, tokenizer.json) -> OUT_DIR/config.yml, OUT_DIR/checkpoints/0 (the
-        parameters, streamed) and OUT_DIR/hf (the tokenizer and config files); `python train.py OUT_DIR/config.yml`
-        continues from the published weights. --direct writes only config.yml, whose load_parameters_path is HF_DIR:
-        the trainer then reads each device's slices straight from the safetensors (no conversion).
-    python -m MaxText.convert_hf to-hf CONFIG_OR_RUN_DIR OUT_DIR [--dtype bfloat16|float32]
-        [--max-shard-size BYTES] [key=value ...]
-        a config's parameters (its run's newest checkpoint, else its load_parameters_path) or a run directory's newest
-        checkpoint -> OUT_DIR: config.json, sharded *.safetensors with model.safetensors.index.json,
-        generation_config.json and the tokenizer (default dtype bfloat16, as Llama is published).
+python -m MaxText.convert_hf to-maxtext HF_DIR OUT_DIR [--direct]
+    HF_DIR (config.json, *.safetensors, tokenizer.json) -> OUT_DIR/config.yml, OUT_DIR/checkpoints/0 (the
+    parameters, streamed) and OUT_DIR/hf (the tokenizer and config files); `python train.py OUT_DIR/config.yml`
+    continues from the published weights. --direct writes only config.yml, whose load_parameters_path is HF_DIR:
+    the trainer then reads each device's slices straight from the safetensors (no conversion).
+python -m MaxText.convert_hf to-hf CONFIG_OR_RUN_DIR OUT_DIR [--dtype bfloat16|float32]
+    [--max-shard-size BYTES] [key=value ...]
+    a config's parameters (its run's newest checkpoint, else its load_parameters_path) or a run directory's newest
+    checkpoint -> OUT_DIR: config.json, sharded *.safetensors with model.safetensors.index.json,
+    generation_config.json and the tokenizer (default dtype bfloat16, as Llama is published).
 """
 
 import argparse
@@ -30,8 +30,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser():
-  parser = _Parser(prog="python -m MaxText.convert_hf", description=__doc__.split("\n\n")[0],
-                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
+  parser = _Parser(
+    prog="python -m MaxText.convert_hf",
+    description=__doc__.split("\n\n")[0],
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+    epilog=__doc__.split("\n", 2)[2],
+  )
   sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
   to_maxtext = sub.add_parser("to-maxtext", help="import a Hugging Face Llama checkpoint")
   to_maxtext.add_argument("hf_dir")
@@ -66,22 +70,28 @@ def export_source(source, overrides=()):
     if step_dir is None and (path / "config.yml").is_file():
       path = path / "config.yml"
     elif step_dir is None:
-      raise HFError(f"{path}: no checkpoints/<step> and no config.yml; give a run directory with checkpoints or a "
-                    "config file")
+      raise HFError(
+        f"{path}: no checkpoints/<step> and no config.yml; give a run directory with checkpoints or a config file"
+      )
     else:
       cfg = _config_of_step(step_dir, path / "config.yml")
       return (cfg.replace(**config_lib.parse_overrides(overrides)) if overrides else cfg), step_dir
   cfg = config_lib.load(path, overrides)
-  step_dir = parameters.newest_step_dir(pathlib.Path(cfg.base_output_directory) / cfg.run_name) if cfg.run_name \
-      else None
+  step_dir = (
+    parameters.newest_step_dir(pathlib.Path(cfg.base_output_directory) / cfg.run_name) if cfg.run_name else None
+  )
   if step_dir is None and cfg.load_parameters_path:
     if is_hf_dir(cfg.load_parameters_path):
-      raise HFError(f"{path}: load_parameters_path={cfg.load_parameters_path} is a Hugging Face directory already and "
-                    "the run has no checkpoint: nothing to export")
+      raise HFError(
+        f"{path}: load_parameters_path={cfg.load_parameters_path} is a Hugging Face directory already and "
+        "the run has no checkpoint: nothing to export"
+      )
     step_dir = pathlib.Path(cfg.load_parameters_path)
   if step_dir is None:
-    raise HFError(f"{path}: nothing to export: the run {cfg.base_output_directory}/{cfg.run_name or '<run_name>'} "
-                  "has no checkpoint and load_parameters_path is empty")
+    raise HFError(
+      f"{path}: nothing to export: the run {cfg.base_output_directory}/{cfg.run_name or '<run_name>'} "
+      "has no checkpoint and load_parameters_path is empty"
+    )
   return cfg, step_dir
 
 

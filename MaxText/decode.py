@@ -28,21 +28,33 @@ from MaxText.inference.generate import Generator
 from MaxText.quantization import backends
 
 # Mistakes the user can fix: one line on stderr, exit code 2 (as the trainer's).
-USER_ERRORS = (config_lib.ConfigError, UserError, data.TokenizerError, checkpointing.CheckpointError,
-               sharding.ShardingError, distributed.DistributedError, backends.BackendError)
+USER_ERRORS = (
+  config_lib.ConfigError,
+  UserError,
+  data.TokenizerError,
+  checkpointing.CheckpointError,
+  sharding.ShardingError,
+  distributed.DistributedError,
+  backends.BackendError,
+)
 
 
 def check_decode_keys(cfg):
   """The decode keys' relations MaxText's key table can't check alone."""
   if cfg.max_prefill_predict_length >= cfg.max_target_length:
-    raise UserError(f"max_prefill_predict_length={cfg.max_prefill_predict_length} must be < max_target_length="
-                    f"{cfg.max_target_length} (the prompt plus its completion)")
+    raise UserError(
+      f"max_prefill_predict_length={cfg.max_prefill_predict_length} must be < max_target_length="
+      f"{cfg.max_target_length} (the prompt plus its completion)"
+    )
   if cfg.decode_sampling_strategy == "topk" and not 1 <= cfg.decode_sampling_top_k <= cfg.vocab_size:
-    raise UserError(f"decode_sampling_strategy=topk needs decode_sampling_top_k in [1, vocab_size={cfg.vocab_size}], "
-                    f"got {cfg.decode_sampling_top_k}")
+    raise UserError(
+      f"decode_sampling_strategy=topk needs decode_sampling_top_k in [1, vocab_size={cfg.vocab_size}], "
+      f"got {cfg.decode_sampling_top_k}"
+    )
   if cfg.decode_sampling_strategy == "nucleus" and not 0 < cfg.decode_sampling_nucleus_p <= 1:
-    raise UserError(f"decode_sampling_strategy=nucleus needs decode_sampling_nucleus_p in (0, 1], got "
-                    f"{cfg.decode_sampling_nucleus_p}")
+    raise UserError(
+      f"decode_sampling_strategy=nucleus needs decode_sampling_nucleus_p in (0, 1], got {cfg.decode_sampling_nucleus_p}"
+    )
 
 
 def read_prompts(cfg):
@@ -68,8 +80,10 @@ def encode_prompts(cfg, tokenizer, prompts):
     if not i:
       raise UserError(f"prompt {n} ({p[:40]!r}) encodes to no tokens")
     if len(i) > cfg.max_prefill_predict_length:
-      raise UserError(f"prompt {n} ({p[:40]!r}...) is {len(i)} tokens, more than max_prefill_predict_length="
-                      f"{cfg.max_prefill_predict_length}; raise it (below max_target_length={cfg.max_target_length})")
+      raise UserError(
+        f"prompt {n} ({p[:40]!r}...) is {len(i)} tokens, more than max_prefill_predict_length="
+        f"{cfg.max_prefill_predict_length}; raise it (below max_target_length={cfg.max_target_length})"
+      )
   return ids
 
 
@@ -80,8 +94,10 @@ def load_params(cfg, params_template):
   run_dir = pathlib.Path(cfg.base_output_directory) / cfg.run_name if cfg.run_name else None
   step_dir = parameters.newest_step_dir(run_dir) if run_dir else None
   if step_dir is None:
-    raise UserError("nothing to decode: set load_parameters_path (a checkpoint step or Hugging Face directory, or an "
-                    "import's config.yml sets it) or run_name of a run with checkpoints")
+    raise UserError(
+      "nothing to decode: set load_parameters_path (a checkpoint step or Hugging Face directory, or an "
+      "import's config.yml sets it) or run_name of a run with checkpoints"
+    )
   return checkpointing.restore_params(step_dir, params_template), step_dir
 
 
@@ -90,8 +106,10 @@ def _decode_plan(cfg):
   plan = precision.plan_from_config(cfg.replace(disable_stochastic_rounding=True))
   stateful = {p.recipe.name for _, _, prec in plan.layer_ranges for p in prec.values() if p.recipe.stateful}
   if stateful:
-    raise UserError(f"decode doesn't run {', '.join(sorted(stateful))} (its scales live in the training state's amax "
-                    "histories); decode with quantization='' or a current-scaling recipe")
+    raise UserError(
+      f"decode doesn't run {', '.join(sorted(stateful))} (its scales live in the training state's amax "
+      "histories); decode with quantization='' or a current-scaling recipe"
+    )
   return plan
 
 
@@ -121,23 +139,34 @@ def decode(cfg, log=print):
   graphdef, abstract_params, rest = abstract_model(cfg)
   with jax.set_mesh(mesh):
     shardings = sharding.param_shardings(abstract_params, mesh)
-    template = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params,
-                            shardings)
+    template = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params, shardings)
     params, source = load_params(cfg, template)
-    log(f"decoding {len(prompts)} prompt(s) with the parameters of {source}, batch {batch}, "
-        f"{cfg.decode_sampling_strategy} sampling, plan: {cfg.quantization or 'bf16'} MLP GEMMs")
-    generator = Generator(cfg, graphdef, rest, plan.layer_ranges, batch, sampling=sampling.from_config(cfg),
-                          eos_id=tokenizer.eos_id)
+    log(
+      f"decoding {len(prompts)} prompt(s) with the parameters of {source}, batch {batch}, "
+      f"{cfg.decode_sampling_strategy} sampling, plan: {cfg.quantization or 'bf16'} MLP GEMMs"
+    )
+    generator = Generator(
+      cfg, graphdef, rest, plan.layer_ranges, batch, sampling=sampling.from_config(cfg), eos_id=tokenizer.eos_id
+    )
     records = []
     for start in range(0, len(prompts), batch):
-      chunk = prompt_ids[start:start + batch]
+      chunk = prompt_ids[start : start + batch]
       result = generator(params, chunk + [chunk[0]] * (batch - len(chunk)), seed=cfg.seed + start)
-      rates = {"prefill_tokens_per_second": result.prefill_tokens / max(result.prefill_seconds, 1e-9),
-               "decode_tokens_per_second": result.decode_tokens / max(result.decode_seconds, 1e-9)}
+      rates = {
+        "prefill_tokens_per_second": result.prefill_tokens / max(result.prefill_seconds, 1e-9),
+        "decode_tokens_per_second": result.decode_tokens / max(result.decode_seconds, 1e-9),
+      }
       for i, ids in enumerate(chunk):
         completion = tokenizer.decode([t for t in result.completions[i] if t != tokenizer.eos_id])
-        records.append({"prompt": prompts[start + i], "prompt_ids": ids, "completion_ids": result.completions[i],
-                        "completion": completion, **rates})
+        records.append(
+          {
+            "prompt": prompts[start + i],
+            "prompt_ids": ids,
+            "completion_ids": result.completions[i],
+            "completion": completion,
+            **rates,
+          }
+        )
         log(f"Input `{prompts[start + i]}` -> `{completion}`")
   if cfg.decode_output_file:
     write_jsonl(cfg.decode_output_file, records)

@@ -40,27 +40,37 @@ def attention_fns(cfg):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from MaxText.model import attention  # pylint: disable=import-outside-toplevel
+
   b, s = int(cfg.per_device_batch_size), cfg.max_target_length
   segments = jnp.ones((b, s), jnp.int32) if attention.packed_documents(cfg) else None
   positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
-  inv_freq = attention.rope_frequencies(cfg.head_dim, cfg.rope_max_timescale, cfg.rope_type, cfg.rope_scaling_factor,
-                                        cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
-                                        cfg.rope_original_max_position)
+  inv_freq = attention.rope_frequencies(
+    cfg.head_dim,
+    cfg.rope_max_timescale,
+    cfg.rope_type,
+    cfg.rope_scaling_factor,
+    cfg.rope_low_freq_factor,
+    cfg.rope_high_freq_factor,
+    cfg.rope_original_max_position,
+  )
   kernel = attention.ATTENTION_KERNELS[cfg.attention]
   mask = jnp.ones((b, 1, s, s), bool)
   return {
-      "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"),
-      "cudnn_mask": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
-                                                                 implementation="cudnn"),
-      "layer": lambda q, k, v: kernel(q, k, v, segments),
-      "layer_rope": lambda q, k, v: kernel(attention.apply_rope(q, positions, inv_freq),
-                                           attention.apply_rope(k, positions, inv_freq), v, segments),
-      "xla": lambda q, k, v: attention.dot_product_attention(q, k, v, segments),
+    "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"),
+    "cudnn_mask": lambda q, k, v: jax.nn.dot_product_attention(
+      q, k, v, mask=mask, is_causal=True, implementation="cudnn"
+    ),
+    "layer": lambda q, k, v: kernel(q, k, v, segments),
+    "layer_rope": lambda q, k, v: kernel(
+      attention.apply_rope(q, positions, inv_freq), attention.apply_rope(k, positions, inv_freq), v, segments
+    ),
+    "xla": lambda q, k, v: attention.dot_product_attention(q, k, v, segments),
   }
 
 
 def _median_ms(fn, args, iters):
   import jax  # pylint: disable=import-outside-toplevel
+
   for _ in range(3):  # compile, then warm
     jax.block_until_ready(fn(*args))
   times = []
@@ -76,8 +86,14 @@ def measure(cfg, variants, iters):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from MaxText.model import accounting  # pylint: disable=import-outside-toplevel
-  b, s, h, kv, d = (int(cfg.per_device_batch_size), cfg.max_target_length, cfg.base_num_query_heads,
-                    cfg.base_num_kv_heads, cfg.head_dim)
+
+  b, s, h, kv, d = (
+    int(cfg.per_device_batch_size),
+    cfg.max_target_length,
+    cfg.base_num_query_heads,
+    cfg.base_num_kv_heads,
+    cfg.head_dim,
+  )
   keys = jax.random.split(jax.random.key(0), 4)
   q = jax.random.normal(keys[0], (b, s, h, d), jnp.bfloat16)
   k, v = (jax.random.normal(key, (b, s, kv, d), jnp.bfloat16) for key in keys[1:3])
@@ -110,16 +126,22 @@ def main(argv=None):
   args, overrides = parser.parse_known_args(argv)
   unknown = [v for v in args.variants if v not in VARIANTS]
   if unknown or not args.variants or args.iters < 1:
-    print(f"error: --variants must name some of {', '.join(VARIANTS)} (got {','.join(args.variants)}) and --iters "
-          "must be >= 1", file=sys.stderr)
+    print(
+      f"error: --variants must name some of {', '.join(VARIANTS)} (got {','.join(args.variants)}) and --iters "
+      "must be >= 1",
+      file=sys.stderr,
+    )
     raise SystemExit(2)
   xla_flags.apply_if_gpu()
   import jax  # pylint: disable=import-outside-toplevel
   from benchmarks import modes as modes_lib  # pylint: disable=import-outside-toplevel
   from MaxText import config  # pylint: disable=import-outside-toplevel
+
   if jax.default_backend() != "gpu" and any(v in CUDNN_VARIANTS for v in args.variants):
-    print(f"attention_bench: the cuDNN variants need an NVIDIA GPU (this machine runs {jax.default_backend()}); "
-          "nothing measured (--variants xla,layer,layer_rope run anywhere)")
+    print(
+      f"attention_bench: the cuDNN variants need an NVIDIA GPU (this machine runs {jax.default_backend()}); "
+      "nothing measured (--variants xla,layer,layer_rope run anywhere)"
+    )
     return 0
   try:
     cfg = config.load(args.config, overrides)
@@ -128,9 +150,11 @@ def main(argv=None):
     raise SystemExit(2) from None
   rows = measure(cfg, args.variants, args.iters)
   info = modes_lib.machine()
-  print(f"\nattention: {' '.join([args.config, *overrides])} (B {int(cfg.per_device_batch_size)}, S "
-        f"{cfg.max_target_length}, {cfg.base_num_query_heads} q / {cfg.base_num_kv_heads} kv heads of "
-        f"{cfg.head_dim}, attention={cfg.attention}; commit {info['commit']}, {info['device']})\n")
+  print(
+    f"\nattention: {' '.join([args.config, *overrides])} (B {int(cfg.per_device_batch_size)}, S "
+    f"{cfg.max_target_length}, {cfg.base_num_query_heads} q / {cfg.base_num_kv_heads} kv heads of "
+    f"{cfg.head_dim}, attention={cfg.attention}; commit {info['commit']}, {info['device']})\n"
+  )
   print(markdown(rows, "cudnn" if "cudnn" in args.variants else args.variants[0]))
   if args.json:
     modes_lib.write_json(args.json, info, args.config, overrides, rows)

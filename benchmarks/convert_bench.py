@@ -52,20 +52,41 @@ def write_checkpoint(out, args):
   from MaxText.checkpointing.hf.exporter import ExportTensor, whole, write_tensors  # pylint: disable=import-outside-toplevel
   from MaxText.checkpointing.hf.importer import config_from_keys  # pylint: disable=import-outside-toplevel
   import ml_dtypes  # pylint: disable=import-outside-toplevel
-  hf_config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": args.emb,
-               "intermediate_size": args.mlp, "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
-               "num_key_value_heads": args.kv_heads, "head_dim": args.head_dim, "vocab_size": args.vocab,
-               "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
-               "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                "original_max_position_embeddings": 8192}, "tie_word_embeddings": False}
+
+  hf_config = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": args.emb,
+    "intermediate_size": args.mlp,
+    "num_hidden_layers": args.layers,
+    "num_attention_heads": args.heads,
+    "num_key_value_heads": args.kv_heads,
+    "head_dim": args.head_dim,
+    "vocab_size": args.vocab,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 131072,
+    "rope_scaling": {
+      "rope_type": "llama3",
+      "factor": 32.0,
+      "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192,
+    },
+    "tie_word_embeddings": False,
+  }
   cfg = config_from_keys(model_config.to_keys(hf_config), "benchmark")
   rng = np.random.default_rng(0)
 
   def random_bf16(shape):
     return (rng.standard_normal(shape, np.float32) * 0.02).astype(ml_dtypes.bfloat16)
-  tensors = [ExportTensor(name, ml_dtypes.bfloat16, names.hf_shape(cfg, entry),
-                          whole(lambda s=names.hf_shape(cfg, entry): random_bf16(s)))
-             for name, (entry, _) in names.hf_names(cfg).items()]
+
+  tensors = [
+    ExportTensor(
+      name, ml_dtypes.bfloat16, names.hf_shape(cfg, entry), whole(lambda s=names.hf_shape(cfg, entry): random_bf16(s))
+    )
+    for name, (entry, _) in names.hf_names(cfg).items()
+  ]
   out.mkdir(parents=True)
   write_tensors(out, tensors, int(args.shard_gb * 1e9))
   (out / "config.json").write_text(json.dumps(hf_config))
@@ -99,18 +120,24 @@ def main():
     shutil.rmtree(root)
   start = time.perf_counter()
   size, count = write_checkpoint(root / "hf", args)
-  print(f"random bf16 checkpoint: {count / 1e9:.2f}B parameters, {size / 1e9:.2f} GB in "
-        f"{len(list((root / 'hf').glob('*.safetensors')))} files ({time.perf_counter() - start:.0f} s to write)",
-        flush=True)
+  print(
+    f"random bf16 checkpoint: {count / 1e9:.2f}B parameters, {size / 1e9:.2f} GB in "
+    f"{len(list((root / 'hf').glob('*.safetensors')))} files ({time.perf_counter() - start:.0f} s to write)",
+    flush=True,
+  )
   rows = []
-  for name, argv in (("import (to-maxtext)", ["to-maxtext", str(root / "hf"), str(root / "imported")]),
-                     ("export (to-hf, bf16)", ["to-hf", str(root / "imported"), str(root / "exported")])):
+  for name, argv in (
+    ("import (to-maxtext)", ["to-maxtext", str(root / "hf"), str(root / "imported")]),
+    ("export (to-hf, bf16)", ["to-hf", str(root / "imported"), str(root / "exported")]),
+  ):
     r = run_child(argv)
     above = r["peak"] - r["baseline"]
     rows.append((name, above / 1e9, above / size, size / 1e9 / r["seconds"], r["seconds"]))
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
-  print(f"\ncommit {commit.strip()}, {platform.node()}, {platform.processor() or platform.machine()}, "
-        f"checkpoint {size / 1e9:.2f} GB bf16 ({count / 1e9:.2f}B parameters)")
+  print(
+    f"\ncommit {commit.strip()}, {platform.node()}, {platform.processor() or platform.machine()}, "
+    f"checkpoint {size / 1e9:.2f} GB bf16 ({count / 1e9:.2f}B parameters)"
+  )
   print(f"| {'step':<22} | peak RSS above baseline | / checkpoint size | GB/s  | seconds |")
   print(f"|{'-' * 24}|{'-' * 25}|{'-' * 19}|{'-' * 7}|{'-' * 9}|")
   for name, gb, fraction, rate, seconds in rows:

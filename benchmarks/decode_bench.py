@@ -52,8 +52,13 @@ def main():
   args = parser.parse_args()
   rows = []
   for context in (int(c) for c in args.contexts.split(",")):
-    base = ["dataset_type=synthetic", f"max_prefill_predict_length={context}",
-            f"max_target_length={context + args.new_tokens}", f"per_device_batch_size={args.batch}", *args.overrides]
+    base = [
+      "dataset_type=synthetic",
+      f"max_prefill_predict_length={context}",
+      f"max_target_length={context + args.new_tokens}",
+      f"per_device_batch_size={args.batch}",
+      *args.overrides,
+    ]
     cfg = config_lib.load(args.config, base)
     _, params, _ = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
     rng = np.random.default_rng(0)
@@ -63,14 +68,22 @@ def main():
     nvfp4 = tokens_per_second(cfg.replace(quantization="te_nvfp4"), params, True, prompts, args.repeats)
     rows.append((context, cached, recomputed, nvfp4))
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
-  print(f"commit {commit.strip()}, {platform.node()}, {jax.devices()[0].platform} x{jax.device_count()}, "
-        f"{pathlib.Path(args.config).name} ({cfg.dtype}), batch {args.batch * jax.device_count()}, "
-        f"{args.new_tokens} new tokens, median of {args.repeats}")
-  print("| context | KV cache tok/s | recompute tok/s | cache / recompute | KV cache te_nvfp4 tok/s | te_nvfp4 / bf16 |")
-  print("|--------:|---------------:|----------------:|------------------:|------------------------:|----------------:|")
+  print(
+    f"commit {commit.strip()}, {platform.node()}, {jax.devices()[0].platform} x{jax.device_count()}, "
+    f"{pathlib.Path(args.config).name} ({cfg.dtype}), batch {args.batch * jax.device_count()}, "
+    f"{args.new_tokens} new tokens, median of {args.repeats}"
+  )
+  print(
+    "| context | KV cache tok/s | recompute tok/s | cache / recompute | KV cache te_nvfp4 tok/s | te_nvfp4 / bf16 |"
+  )
+  print(
+    "|--------:|---------------:|----------------:|------------------:|------------------------:|----------------:|"
+  )
   for context, cached, recomputed, nvfp4 in rows:
-    print(f"| {context:>7} | {cached:>14.1f} | {recomputed:>15.1f} | {cached / recomputed:>16.1f}x | {nvfp4:>23.1f} | "
-          f"{nvfp4 / cached:>14.2f}x |")
+    print(
+      f"| {context:>7} | {cached:>14.1f} | {recomputed:>15.1f} | {cached / recomputed:>16.1f}x | {nvfp4:>23.1f} | "
+      f"{nvfp4 / cached:>14.2f}x |"
+    )
 
 
 if __name__ == "__main__":

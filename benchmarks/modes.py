@@ -60,26 +60,41 @@ def argument_parser(doc, default_modes, default_steps):
   are read against the working directory (config.absolute_path); the default config is the repository's."""
   parser = OneLineParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", type=config.absolute_path, default=str(REPO / "configs/llama3_tiny.yml"))
-  parser.add_argument("--modes", type=lambda v: [m for m in v.split(",") if m], default=default_modes,
-                      help="comma-separated, each RECIPE[:key=value...] (default: %(default)s)")
+  parser.add_argument(
+    "--modes",
+    type=lambda v: [m for m in v.split(",") if m],
+    default=default_modes,
+    help="comma-separated, each RECIPE[:key=value...] (default: %(default)s)",
+  )
   parser.add_argument("--steps", type=int, default=default_steps)
   return parser
 
 
 def machine():
   """Commit, devices, host and jax version: what every recorded figure names."""
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=pathlib.Path(__file__).parent, check=False).stdout.strip()
+  commit = subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"],
+    capture_output=True,
+    text=True,
+    cwd=pathlib.Path(__file__).parent,
+    check=False,
+  ).stdout.strip()
   device = jax.devices()[0]
-  return {"commit": commit or "unknown", "device": f"{len(jax.devices())}x {device.device_kind} ({device.platform})",
-          "host": platform.platform(), "jax": jax.__version__}
+  return {
+    "commit": commit or "unknown",
+    "device": f"{len(jax.devices())}x {device.device_kind} ({device.platform})",
+    "host": platform.platform(),
+    "jax": jax.__version__,
+  }
 
 
 def write_json(path, machine_info, config_path, overrides, rows):
   """A harness's rows as JSON, with the machine record and the config they were measured on."""
   pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
-  pathlib.Path(path).write_text(json.dumps({"machine": machine_info, "config": config_path, "overrides": overrides,
-                                            "rows": rows}, indent=1) + "\n", encoding="utf-8")
+  pathlib.Path(path).write_text(
+    json.dumps({"machine": machine_info, "config": config_path, "overrides": overrides, "rows": rows}, indent=1) + "\n",
+    encoding="utf-8",
+  )
 
 
 def parse_mode(mode: str):

@@ -29,7 +29,7 @@ def cpu_slots(parallel, cpus=None):
   if len(cpus) < parallel:
     return [[cpus[i % len(cpus)]] for i in range(parallel)]
   bounds = [round(i * len(cpus) / parallel) for i in range(parallel + 1)]
-  return [cpus[bounds[i]:bounds[i + 1]] for i in range(parallel)]
+  return [cpus[bounds[i] : bounds[i + 1]] for i in range(parallel)]
 
 
 def child_env(parallel, environ=None):
@@ -48,8 +48,9 @@ class Job:
 
   def start(self, cpus, env, out):
     cmd = [sys.executable, os.path.abspath(__file__), ",".join(map(str, cpus)), str(os.getpid()), *self.train_args]
-    self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-                                 start_new_session=True, bufsize=1)
+    self.proc = subprocess.Popen(
+      cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True, bufsize=1
+    )
     self.thread = threading.Thread(target=self._relay, args=(out,), daemon=True)
     self.thread.start()
 

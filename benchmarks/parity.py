@@ -45,9 +45,16 @@ from benchmarks import modes as modes_lib, packed, stats  # noqa: E402
 from MaxText import config as config_lib  # noqa: E402
 from MaxText.runtime import preemption  # noqa: E402
 
-DEFAULT_MODES = ["bf16", "te_fp8_currentscaling", "te_nvfp4", "te_nvfp4_no_rht", "mxfp4",
-                 "te_nvfp4:disable_stochastic_rounding=true", "te_nvfp4:disable_2d_quantization=true",
-                 "te_nvfp4:quantization_scope=all_dense"]
+DEFAULT_MODES = [
+  "bf16",
+  "te_fp8_currentscaling",
+  "te_nvfp4",
+  "te_nvfp4_no_rht",
+  "mxfp4",
+  "te_nvfp4:disable_stochastic_rounding=true",
+  "te_nvfp4:disable_2d_quantization=true",
+  "te_nvfp4:quantization_scope=all_dense",
+]
 CONFIDENCE = 0.95
 
 
@@ -83,11 +90,18 @@ def analyse(curves: dict, converged=0.3):
       raise ValueError(f"{label}: {len(losses)} steps, baseline {n}")
     gap = float(np.mean(losses[tail] - base[tail]))
     steps = first_step_reaching(smooth(losses, window), target)
-    rows.append({"mode": label, "final_loss": float(np.mean(losses[final])), "gap_nats": gap,
-                 "gap_spread_nats": float(np.std(losses[tail] - base[tail])),
-                 "gap_percent": 100.0 * gap / float(np.mean(base[tail])), "noise_band_nats": noise,
-                 "tokens_ratio": steps / base_steps if steps else None,
-                 "tokens_ratio_lower_bound": None if steps else n / base_steps})
+    rows.append(
+      {
+        "mode": label,
+        "final_loss": float(np.mean(losses[final])),
+        "gap_nats": gap,
+        "gap_spread_nats": float(np.std(losses[tail] - base[tail])),
+        "gap_percent": 100.0 * gap / float(np.mean(base[tail])),
+        "noise_band_nats": noise,
+        "tokens_ratio": steps / base_steps if steps else None,
+        "tokens_ratio_lower_bound": None if steps else n / base_steps,
+      }
+    )
   return rows
 
 
@@ -144,17 +158,23 @@ def markdown(rows, converged):
   """The single-seed table (and the final eval loss where there is one)."""
   base = rows[0]["mode"]
   has_eval = "eval_loss_seeds" in rows[0]
-  lines = [f"| mode | final loss | gap to {base} (last {converged:.0%}) | gap % | noise band (baseline std) | "
-           f"gap spread (paired std) | tokens to reach {base}'s final loss |"
-           + (" final eval loss | eval gap | eval gap % |" if has_eval else ""),
-           "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if has_eval else "")]
+  lines = [
+    f"| mode | final loss | gap to {base} (last {converged:.0%}) | gap % | noise band (baseline std) | "
+    f"gap spread (paired std) | tokens to reach {base}'s final loss |"
+    + (" final eval loss | eval gap | eval gap % |" if has_eval else ""),
+    "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if has_eval else ""),
+  ]
   for r in rows:
     ratio = f"{r['tokens_ratio']:.2f}x" if r["tokens_ratio"] else f"> {r['tokens_ratio_lower_bound']:.2f}x"
-    line = (f"| {r['mode']} | {r['final_loss']:.4f} | {r['gap_nats']:+.4f} | {r['gap_percent']:+.2f}% | "
-            f"±{r['noise_band_nats']:.4f} | ±{r['gap_spread_nats']:.4f} | {ratio} |")
+    line = (
+      f"| {r['mode']} | {r['final_loss']:.4f} | {r['gap_nats']:+.4f} | {r['gap_percent']:+.2f}% | "
+      f"±{r['noise_band_nats']:.4f} | ±{r['gap_spread_nats']:.4f} | {ratio} |"
+    )
     if has_eval:
-      line += (f" {r['eval_loss_seeds']['mean']:.4f} | {r['eval_gap_nats_seeds']['mean']:+.4f} | "
-               f"{r['eval_gap_percent_seeds']['mean']:+.2f}% |")
+      line += (
+        f" {r['eval_loss_seeds']['mean']:.4f} | {r['eval_gap_nats_seeds']['mean']:+.4f} | "
+        f"{r['eval_gap_percent_seeds']['mean']:+.2f}% |"
+      )
     lines.append(line)
   return "\n".join(lines)
 
@@ -167,26 +187,40 @@ def markdown_seeds(rows, converged, pairs=()):
   """The N-seed table: mean gaps with 95% CIs and per-seed gaps, then the pairwise ranking."""
   base, n = rows[0]["mode"], len(rows[0]["seeds"])
   has_eval = "eval_loss_seeds" in rows[0]
-  head = (f"| mode | final loss | gap to {base} (last {converged:.0%}), nats, mean ± 95% CI | gap % | "
-          f"per-seed gaps | gap ≠ 0? |")
+  head = (
+    f"| mode | final loss | gap to {base} (last {converged:.0%}), nats, mean ± 95% CI | gap % | "
+    f"per-seed gaps | gap ≠ 0? |"
+  )
   if has_eval:
     head += " final eval loss | eval gap, nats | eval gap % | per-seed eval gaps | eval gap ≠ 0? |"
-  lines = [f"{n} seeds {', '.join(map(str, rows[0]['seeds']))}; intervals: Student t, {n - 1} degrees of freedom, "
-           f"over the per-seed paired gaps.", "", head, "|---|---:|---:|---:|---|---|" +
-           ("---:|---:|---:|---|---|" if has_eval else "")]
+  lines = [
+    f"{n} seeds {', '.join(map(str, rows[0]['seeds']))}; intervals: Student t, {n - 1} degrees of freedom, "
+    f"over the per-seed paired gaps.",
+    "",
+    head,
+    "|---|---:|---:|---:|---|---|" + ("---:|---:|---:|---|---|" if has_eval else ""),
+  ]
   for r in rows:
-    line = (f"| {r['mode']} | {r['final_loss_seeds']['mean']:.4f} | {_fmt(r['gap_nats_seeds'])} | "
-            f"{_fmt(r['gap_percent_seeds'], 2, '%')} | {_seeds_text(r['gap_nats_seeds'])} | "
-            f"{r['gap_nats_seeds']['verdict'] if r['mode'] != base else '-'} |")
+    line = (
+      f"| {r['mode']} | {r['final_loss_seeds']['mean']:.4f} | {_fmt(r['gap_nats_seeds'])} | "
+      f"{_fmt(r['gap_percent_seeds'], 2, '%')} | {_seeds_text(r['gap_nats_seeds'])} | "
+      f"{r['gap_nats_seeds']['verdict'] if r['mode'] != base else '-'} |"
+    )
     if has_eval:
-      line += (f" {r['eval_loss_seeds']['mean']:.4f} | {_fmt(r['eval_gap_nats_seeds'])} | "
-               f"{_fmt(r['eval_gap_percent_seeds'], 2, '%')} | {_seeds_text(r['eval_gap_nats_seeds'])} | "
-               f"{r['eval_gap_nats_seeds']['verdict'] if r['mode'] != base else '-'} |")
+      line += (
+        f" {r['eval_loss_seeds']['mean']:.4f} | {_fmt(r['eval_gap_nats_seeds'])} | "
+        f"{_fmt(r['eval_gap_percent_seeds'], 2, '%')} | {_seeds_text(r['eval_gap_nats_seeds'])} | "
+        f"{r['eval_gap_nats_seeds']['verdict'] if r['mode'] != base else '-'} |"
+      )
     lines.append(line)
   if pairs:
-    lines += ["", "Pairwise (training gap of A minus that of B, paired by seed; a ranking only where the "
-                  "interval excludes 0):", "", "| A - B | nats, mean ± 95% CI | per seed | ranking |",
-              "|---|---:|---|---|"]
+    lines += [
+      "",
+      "Pairwise (training gap of A minus that of B, paired by seed; a ranking only where the interval excludes 0):",
+      "",
+      "| A - B | nats, mean ± 95% CI | per seed | ranking |",
+      "|---|---:|---|---|",
+    ]
     for a, b, iv in pairs:
       rank = {"> 0": f"{b} better", "< 0": f"{a} better"}.get(iv["verdict"], "not separable")
       lines.append(f"| {a} - {b} | {_fmt(iv)} | {_seeds_text(iv)} | {rank} |")
@@ -206,8 +240,10 @@ def _mean_band(curves_by_seed, window):
 def plot(curves, eval_curves, path, title):
   """Top: each mode's smoothed training loss (mean over seeds), eval dots; bottom: mean smoothed gap and CI band."""
   import matplotlib  # pylint: disable=import-outside-toplevel
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
   labels = list(curves)
   seeds = list(curves[labels[0]])
   n = len(curves[labels[0]][seeds[0]])
@@ -226,15 +262,17 @@ def plot(curves, eval_curves, path, title):
     bottom.plot(steps, gap, color=color, label=label)
     if len(seeds) > 1 and i:
       bottom.fill_between(steps, gap - half, gap + half, color=color, alpha=0.15, linewidth=0)
-  top.set_ylabel("training loss (nats), smoothed" + (f", mean of {len(seeds)} seeds" if len(seeds) > 1 else "")
-                 + "; dots: eval loss")
+  top.set_ylabel(
+    "training loss (nats), smoothed" + (f", mean of {len(seeds)} seeds" if len(seeds) > 1 else "") + "; dots: eval loss"
+  )
   top.set_title(title, fontsize=9)
   top.legend(fontsize=8)
-  tail = np.concatenate([np.asarray(curves[m][s][n // 3:]) for m in labels for s in seeds])
-  top.set_ylim(float(np.percentile(tail, 0.5)) - 0.1, float(np.max(_mean_band(base, window)[0][n // 20:])) + 0.2)
+  tail = np.concatenate([np.asarray(curves[m][s][n // 3 :]) for m in labels for s in seeds])
+  top.set_ylim(float(np.percentile(tail, 0.5)) - 0.1, float(np.max(_mean_band(base, window)[0][n // 20 :])) + 0.2)
   bottom.axhline(0, color="k", linewidth=0.5)
-  bottom.set_ylabel(f"smoothed gap to {labels[0]} (nats)" + (
-      f"\nmean over {len(seeds)} seeds, band: 95% CI" if len(seeds) > 1 else ""))
+  bottom.set_ylabel(
+    f"smoothed gap to {labels[0]} (nats)" + (f"\nmean over {len(seeds)} seeds, band: 95% CI" if len(seeds) > 1 else "")
+  )
   bottom.set_xlabel("step")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
@@ -245,8 +283,14 @@ class Run:
   """One (mode, seed) trainer run: its config, trainer arguments and run directory under OUT/runs/seed<s>/."""
 
   def __init__(self, mode, seed, cfg, train_args, run_dir, settings):
-    self.mode, self.seed, self.cfg, self.train_args, self.run_dir, self.settings = (mode, seed, cfg, train_args,
-                                                                                    run_dir, settings)
+    self.mode, self.seed, self.cfg, self.train_args, self.run_dir, self.settings = (
+      mode,
+      seed,
+      cfg,
+      train_args,
+      run_dir,
+      settings,
+    )
 
   @property
   def label(self):
@@ -268,20 +312,39 @@ def plan_runs(config_path, overrides, modes, steps, num_seeds, eval_tokens, out)
   runs = []
   for seed in seeds:
     base = out / "runs" / f"seed{seed}"
-    fixed = [*eval_keys, *overrides, f"seed={seed}", f"steps={steps}", f"base_output_directory={base}",
-             f"checkpoint_period={max(10, steps // 10)}", "enable_checkpointing=true", "max_num_checkpoints_to_keep=1",
-             "enable_tensorboard=false"]
+    fixed = [
+      *eval_keys,
+      *overrides,
+      f"seed={seed}",
+      f"steps={steps}",
+      f"base_output_directory={base}",
+      f"checkpoint_period={max(10, steps // 10)}",
+      "enable_checkpointing=true",
+      "max_num_checkpoints_to_keep=1",
+      "enable_tensorboard=false",
+    ]
     for mode, (_, cfg) in zip(modes, modes_lib.load_configs(config_path, fixed, modes)):
-      train_args = [str(config_path), *fixed, f"run_name={modes_lib.run_dir_name(mode)}",
-                    *modes_lib.parse_mode(mode)[1]]
-      settings = {"config": str(config_path), "overrides": list(overrides), "mode": mode, "seed": seed, "steps": steps,
-                  "eval": eval_keys}
+      train_args = [
+        str(config_path),
+        *fixed,
+        f"run_name={modes_lib.run_dir_name(mode)}",
+        *modes_lib.parse_mode(mode)[1],
+      ]
+      settings = {
+        "config": str(config_path),
+        "overrides": list(overrides),
+        "mode": mode,
+        "seed": seed,
+        "steps": steps,
+        "eval": eval_keys,
+      }
       runs.append(Run(mode, seed, cfg, train_args, base / modes_lib.run_dir_name(mode), settings))
   return seeds, runs
 
 
 def _batch_tokens(cfg):
   import jax  # pylint: disable=import-outside-toplevel
+
   try:
     return config_lib.RunShape.of(cfg, jax.device_count()).tokens_per_step
   except config_lib.ConfigError as e:
@@ -296,16 +359,25 @@ def _check_settings(run):
   stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
   if stored != run.settings:
     want = run.settings
-    was = (f"config {stored.get('config')} with overrides {' '.join(stored.get('overrides', [])) or '(none)'}, "
-           f"{stored.get('steps', '?')} steps" if isinstance(stored, dict) else "unknown settings")
-    modes_lib.fail(f"{run.run_dir} holds a {want['mode']} run from {was}, not {want['config']} with "
-                   f"{' '.join(want['overrides']) or '(none)'}, {want['steps']} steps; use another --out or delete "
-                   f"{run.run_dir}")
+    was = (
+      f"config {stored.get('config')} with overrides {' '.join(stored.get('overrides', [])) or '(none)'}, "
+      f"{stored.get('steps', '?')} steps"
+      if isinstance(stored, dict)
+      else "unknown settings"
+    )
+    modes_lib.fail(
+      f"{run.run_dir} holds a {want['mode']} run from {was}, not {want['config']} with "
+      f"{' '.join(want['overrides']) or '(none)'}, {want['steps']} steps; use another --out or delete "
+      f"{run.run_dir}"
+    )
 
 
 def _stopped(run_label):
-  print(f"parity: {preemption.signal_name()} stopped {run_label}; rerun the same command to resume (finished runs "
-        "are kept)", flush=True)
+  print(
+    f"parity: {preemption.signal_name()} stopped {run_label}; rerun the same command to resume (finished runs "
+    "are kept)",
+    flush=True,
+  )
   return preemption.exit_code()
 
 
@@ -335,8 +407,9 @@ def _train_packed(todo, steps, parallel, environ):
   stop_signal = lambda: signal.SIGINT if preemption.exit_code() == 130 else signal.SIGTERM
   codes = packed.run(jobs, parallel, preemption.requested, stop_signal, environ=environ)
   if preemption.requested():
-    return _stopped(", ".join(j.label for j in jobs if j.label in codes and not _run_of(todo, j).done(steps))
-                    or "between runs")
+    return _stopped(
+      ", ".join(j.label for j in jobs if j.label in codes and not _run_of(todo, j).done(steps)) or "between runs"
+    )
   for job in jobs:
     if codes.get(job.label, 0) != 0:
       modes_lib.fail(f"{job.label} exited with code {codes[job.label]}: {job.last_line.strip() or 'no output'}")
@@ -367,24 +440,44 @@ def write_outputs(out, args, overrides, seeds, curves, evals, eval_tokens):
   rows = analyse_seeds(curves, final, args.converged)
   info = modes_lib.machine()
   tokens = sorted({int(t) for by_seed in eval_tokens.values() for t in by_seed.values() if t})
-  header = (f"parity: {' '.join([args.config, *overrides])}, {args.steps} steps, {len(seeds)} seed(s); commit "
-            f"{info['commit']}, {info['device']}" + (f"; final eval over {'/'.join(map(str, tokens))} tokens"
-                                                     if tokens else ""))
+  header = (
+    f"parity: {' '.join([args.config, *overrides])}, {args.steps} steps, {len(seeds)} seed(s); commit "
+    f"{info['commit']}, {info['device']}" + (f"; final eval over {'/'.join(map(str, tokens))} tokens" if tokens else "")
+  )
   if len(seeds) == 1:
     table = markdown(rows, args.converged)
   else:
     table = markdown_seeds(rows, args.converged, pairwise(curves, args.converged))
-  (out / "curves.json").write_text(json.dumps({
-      "machine": info, "config": args.config, "overrides": overrides, "steps": args.steps, "seeds": seeds,
-      "losses": {m: {str(s): v for s, v in by_seed.items()} for m, by_seed in curves.items()},
-      "eval_losses": {m: {str(s): {str(k): v for k, v in e.items()} for s, e in by_seed.items()}
-                      for m, by_seed in evals.items()},
-      "eval_tokens": {m: {str(s): v for s, v in by_seed.items()} for m, by_seed in eval_tokens.items()},
-      "table": rows}, indent=1) + "\n", encoding="utf-8")
+  (out / "curves.json").write_text(
+    json.dumps(
+      {
+        "machine": info,
+        "config": args.config,
+        "overrides": overrides,
+        "steps": args.steps,
+        "seeds": seeds,
+        "losses": {m: {str(s): v for s, v in by_seed.items()} for m, by_seed in curves.items()},
+        "eval_losses": {
+          m: {str(s): {str(k): v for k, v in e.items()} for s, e in by_seed.items()} for m, by_seed in evals.items()
+        },
+        "eval_tokens": {m: {str(s): v for s, v in by_seed.items()} for m, by_seed in eval_tokens.items()},
+        "table": rows,
+      },
+      indent=1,
+    )
+    + "\n",
+    encoding="utf-8",
+  )
   (out / "parity.md").write_text(f"{header}\n\n{table}\n", encoding="utf-8")
-  title = (textwrap.fill(header, 130) + "\n"
-           + (f"mean smoothed gap over {len(seeds)} seeds with its 95% CI band" if len(seeds) > 1
-                            else "one seed: no confidence interval"))
+  title = (
+    textwrap.fill(header, 130)
+    + "\n"
+    + (
+      f"mean smoothed gap over {len(seeds)} seeds with its 95% CI band"
+      if len(seeds) > 1
+      else "one seed: no confidence interval"
+    )
+  )
   plot(curves, evals, out / "parity.png", title)
   print(f"\n{header}\n\n{table}\n\nwrote {out}/curves.json, parity.md, parity.png", flush=True)
 
@@ -394,8 +487,12 @@ def main(argv=None):
   parser.add_argument("--converged", type=float, default=0.3, help="fraction of final steps for the gap")
   parser.add_argument("--out", type=config_lib.absolute_path, default="parity_out")
   parser.add_argument("--seeds", type=int, default=1, help="seeds per mode (paired across modes)")
-  parser.add_argument("--parallel", type=int, default=1, help="(mode, seed) runs trained at once, each its own "
-                      "process with 1/K of the cores and GPU memory")
+  parser.add_argument(
+    "--parallel",
+    type=int,
+    default=1,
+    help="(mode, seed) runs trained at once, each its own process with 1/K of the cores and GPU memory",
+  )
   parser.add_argument("--eval-tokens", type=int, default=100_000, help="tokens of the final held-out eval")
   args, overrides = parser.parse_known_args(argv)
   if args.steps < 2 or not 0 < args.converged <= 1:

@@ -26,22 +26,34 @@ from MaxText import config  # noqa: E402
 from MaxText.runtime import preemption  # noqa: E402
 from MaxText.quantization.recipes import ROLES  # noqa: E402
 
-DEFAULT_MODES = ["te_nvfp4", "te_nvfp4:nvfp4_4over6=all",
-                 "te_nvfp4:nvfp4_4over6=all:nvfp4_4over6_err_mode=mae"]
+DEFAULT_MODES = ["te_nvfp4", "te_nvfp4:nvfp4_4over6=all", "te_nvfp4:nvfp4_4over6=all:nvfp4_4over6_err_mode=mae"]
 GEMMS = ("gate", "up", "down")
 
 
 def measure(config_path, overrides, modes, steps, out_dir):
   """{mode: {(gemm, role): mean relative error over the steps}} for every mode."""
-  configs = modes_lib.load_configs(config_path, list(overrides) + [
-      f"steps={steps}", "quantization_stats_period=1", f"base_output_directory={out_dir}",
-      "enable_checkpointing=false", "eval_interval=0", "enable_tensorboard=false"], modes)
+  configs = modes_lib.load_configs(
+    config_path,
+    list(overrides)
+    + [
+      f"steps={steps}",
+      "quantization_stats_period=1",
+      f"base_output_directory={out_dir}",
+      "enable_checkpointing=false",
+      "eval_interval=0",
+      "enable_tensorboard=false",
+    ],
+    modes,
+  )
   errors = {}
   for mode, (label, cfg) in zip(modes, configs):
     records = list(modes_lib.train_fresh(out_dir, mode, label, cfg).values())
     keys = {(g, r): f"quant/{g}/{r}/rel_err" for g in GEMMS for r in ROLES}
-    errors[label] = {k: float(np.mean([rec[name] for rec in records])) for k, name in keys.items()
-                     if all(name in rec for rec in records)}
+    errors[label] = {
+      k: float(np.mean([rec[name] for rec in records]))
+      for k, name in keys.items()
+      if all(name in rec for rec in records)
+    }
     if not errors[label]:
       modes_lib.fail(f"mode {label}: no MLP GEMM is quantized, so there is no quantization error to report")
   return errors
@@ -51,29 +63,42 @@ def markdown(errors):
   """One row per (gemm, role): each mode's relative error, then each later mode's MSE change vs the first."""
   labels = list(errors)
   first, rest = labels[0], labels[1:]
-  lines = ["| GEMM | operand | " + " | ".join(f"{m} rel. err" for m in labels) + " | "
-           + " | ".join(f"{m}: MSE vs {first}" for m in rest) + " |",
-           "|---|---|" + "---:|" * (len(labels) + len(rest))]
+  lines = [
+    "| GEMM | operand | "
+    + " | ".join(f"{m} rel. err" for m in labels)
+    + " | "
+    + " | ".join(f"{m}: MSE vs {first}" for m in rest)
+    + " |",
+    "|---|---|" + "---:|" * (len(labels) + len(rest)),
+  ]
   for key in errors[first]:
     values = [errors[m].get(key, float("nan")) for m in labels]
     changes = [(v / values[0]) ** 2 - 1 if values[0] > 0 else float("nan") for v in values[1:]]
-    lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(f"{v:.4f}" for v in values) + " | "
-                 + " | ".join(f"{c:+.1%}" for c in changes) + " |")
+    lines.append(
+      f"| {key[0]} | {key[1]} | "
+      + " | ".join(f"{v:.4f}" for v in values)
+      + " | "
+      + " | ".join(f"{c:+.1%}" for c in changes)
+      + " |"
+    )
   return "\n".join(lines)
 
 
 def main(argv=None):
   parser = modes_lib.argument_parser(__doc__, DEFAULT_MODES, default_steps=1)
-  parser.add_argument("--out", type=config.absolute_path, default="",
-                      help="run directories (default: a temporary directory)")
+  parser.add_argument(
+    "--out", type=config.absolute_path, default="", help="run directories (default: a temporary directory)"
+  )
   args, overrides = parser.parse_known_args(argv)
   if args.steps <= 0:
     modes_lib.fail("--steps must be > 0")
   with tempfile.TemporaryDirectory() as tmp, preemption.installed():  # SIGTERM / Ctrl-C: a clean stop
     errors = measure(args.config, overrides, args.modes, args.steps, args.out or tmp)
   info = modes_lib.machine()
-  print(f"\nquantization error: {' '.join([args.config, *overrides])} ({args.steps} step(s) per mode; "
-        f"commit {info['commit']}, {info['device']})\n")
+  print(
+    f"\nquantization error: {' '.join([args.config, *overrides])} ({args.steps} step(s) per mode; "
+    f"commit {info['commit']}, {info['device']})\n"
+  )
   print(markdown(errors))
   return 0
 

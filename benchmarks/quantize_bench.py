@@ -36,14 +36,14 @@ from MaxText.quantization.kernels.quantizer_impl import Kernels  # noqa: E402
 
 # name: (recipe, role, transposed operand, input dtype)
 QUANTIZERS = {
-    "nvfp4 1x16 (x)": ("te_nvfp4", "x", False, jnp.bfloat16),
-    "nvfp4 1x16 SR (dy)": ("te_nvfp4", "dy", False, jnp.bfloat16),
-    "nvfp4 16x16 (w, f32)": ("te_nvfp4", "w", True, jnp.float32),
-    "nvfp4 RHT (x_t)": ("te_nvfp4", "x_t", True, jnp.bfloat16),
-    "nvfp4 RHT+SR (dy_t)": ("te_nvfp4", "dy_t", True, jnp.bfloat16),
-    "mxfp8 (x)": ("te_mxfp8", "x", False, jnp.bfloat16),
-    "mxfp4 (x)": ("mxfp4", "x", False, jnp.bfloat16),
-    "fp8 current (x)": ("te_fp8_currentscaling", "x", False, jnp.bfloat16),
+  "nvfp4 1x16 (x)": ("te_nvfp4", "x", False, jnp.bfloat16),
+  "nvfp4 1x16 SR (dy)": ("te_nvfp4", "dy", False, jnp.bfloat16),
+  "nvfp4 16x16 (w, f32)": ("te_nvfp4", "w", True, jnp.float32),
+  "nvfp4 RHT (x_t)": ("te_nvfp4", "x_t", True, jnp.bfloat16),
+  "nvfp4 RHT+SR (dy_t)": ("te_nvfp4", "dy_t", True, jnp.bfloat16),
+  "mxfp8 (x)": ("te_mxfp8", "x", False, jnp.bfloat16),
+  "mxfp4 (x)": ("mxfp4", "x", False, jnp.bfloat16),
+  "fp8 current (x)": ("te_fp8_currentscaling", "x", False, jnp.bfloat16),
 }
 FOUR_OVER_SIX = " + 4/6"  # the NVFP4 quantizers again with Four Over Six (mse) on every operand
 FOUR_OVER_SIX_KNOBS = {"nvfp4_4over6": "all", "nvfp4_4over6_err_mode": "mse"}
@@ -75,21 +75,25 @@ def bench_quantizers(rows, cols, impls, iters):
   x16 = x.astype(jnp.bfloat16)
   t_copy = _seconds_per_call(copy, x16, iters=iters)
   copy_gb_s = 2 * x16.nbytes / t_copy / 1e9
-  out = [{"quantizer": "copy (bf16 read + write)", "impl": "xla", "ms": t_copy * 1e3, "gb_s": copy_gb_s,
-          "pct_copy": 100.0}]
+  out = [
+    {"quantizer": "copy (bf16 read + write)", "impl": "xla", "ms": t_copy * 1e3, "gb_s": copy_gb_s, "pct_copy": 100.0}
+  ]
   for name, (recipe_name, role, transposed, dtype) in QUANTIZERS.items():
     operand = (x.T if transposed else x).astype(dtype)  # stored as the trainer stores it
     recipe = get_recipe(recipe_name, **(FOUR_OVER_SIX_KNOBS if name.endswith(FOUR_OVER_SIX) else {}))
     for impl in impls:
-      fn = jax.jit(lambda a, k, recipe=recipe, role=role, transposed=transposed, impl=impl:
-                   emulated.quantize_for_gemm(a, recipe, role, k, kernels=Kernels(impl), transpose=transposed))
+      fn = jax.jit(
+        lambda a, k, recipe=recipe, role=role, transposed=transposed, impl=impl: emulated.quantize_for_gemm(
+          a, recipe, role, k, kernels=Kernels(impl), transpose=transposed
+        )
+      )
       t = _seconds_per_call(fn, operand, key, iters=iters)
       gb_s = (operand.nbytes + _nbytes(jax.eval_shape(fn, operand, key))) / t / 1e9
       out.append({"quantizer": name, "impl": impl, "ms": t * 1e3, "gb_s": gb_s, "pct_copy": 100 * gb_s / copy_gb_s})
   plain = {(r["quantizer"], r["impl"]): r["ms"] for r in out}
   for r in out:
     if r["quantizer"].endswith(FOUR_OVER_SIX):
-      r["x_plain"] = r["ms"] / plain[(r["quantizer"][:-len(FOUR_OVER_SIX)], r["impl"])]
+      r["x_plain"] = r["ms"] / plain[(r["quantizer"][: -len(FOUR_OVER_SIX)], r["impl"])]
   return out
 
 
@@ -100,19 +104,33 @@ def _fwd_bwd(recipe, kernels):
     matmul = lambda x, w: qmatmul(x, w, recipe, key=key, backend=backends.Choice.EMULATE, kernels=Kernels(kernels))
     _, vjp = jax.vjp(matmul, x, w)
     return vjp(dy)
+
   return jax.jit(fwd_bwd)
 
 
 def bench_matmul(m, k, n, kernels, iters):
   kx, kw, kdy = jax.random.split(jax.random.key(0), 3)
-  args = (jax.random.normal(kx, (m, k), jnp.bfloat16), jax.random.normal(kw, (k, n), jnp.float32),
-          jax.random.normal(kdy, (m, n), jnp.bfloat16), jax.random.key(1))
-  recipes = {"bf16": get_recipe(""), "nvfp4": get_recipe("te_nvfp4"),
-             "nvfp4_4over6": get_recipe("te_nvfp4", **FOUR_OVER_SIX_KNOBS), "fp8": get_recipe("te_fp8_currentscaling")}
-  t = {name: _seconds_per_call(_fwd_bwd(recipe, kernels), *args, iters=iters, inner=1)
-       for name, recipe in recipes.items()}
-  return {"shape": f"{m}x{k}x{n}", "kernels": kernels, **{f"{name}_fwd_bwd_ms": v * 1e3 for name, v in t.items()},
-          **{f"{name}_over_bf16": t[name] / t["bf16"] for name in ("nvfp4", "nvfp4_4over6", "fp8")}}
+  args = (
+    jax.random.normal(kx, (m, k), jnp.bfloat16),
+    jax.random.normal(kw, (k, n), jnp.float32),
+    jax.random.normal(kdy, (m, n), jnp.bfloat16),
+    jax.random.key(1),
+  )
+  recipes = {
+    "bf16": get_recipe(""),
+    "nvfp4": get_recipe("te_nvfp4"),
+    "nvfp4_4over6": get_recipe("te_nvfp4", **FOUR_OVER_SIX_KNOBS),
+    "fp8": get_recipe("te_fp8_currentscaling"),
+  }
+  t = {
+    name: _seconds_per_call(_fwd_bwd(recipe, kernels), *args, iters=iters, inner=1) for name, recipe in recipes.items()
+  }
+  return {
+    "shape": f"{m}x{k}x{n}",
+    "kernels": kernels,
+    **{f"{name}_fwd_bwd_ms": v * 1e3 for name, v in t.items()},
+    **{f"{name}_over_bf16": t[name] / t["bf16"] for name in ("nvfp4", "nvfp4_4over6", "fp8")},
+  }
 
 
 def _parse_shapes(text, dims, parser, flag):
@@ -132,12 +150,16 @@ def _print_tables(quant_rows, matmul_rows, rows, cols):
     ratio = f"{r['x_plain']:.2f}x" if "x_plain" in r else ""
     print(f"| {r['quantizer']} | {r['impl']} | {r['ms']:.3f} | {r['gb_s']:.1f} | {r['pct_copy']:.0f}% | {ratio} |")
   if matmul_rows:
-    print("\n| M x K x N | quantizers | bf16 fwd+bwd (ms) | nvfp4 fwd+bwd (ms) | nvfp4 / bf16 | nvfp4 4/6 / bf16 "
-          "| fp8 / bf16 |")
+    print(
+      "\n| M x K x N | quantizers | bf16 fwd+bwd (ms) | nvfp4 fwd+bwd (ms) | nvfp4 / bf16 | nvfp4 4/6 / bf16 "
+      "| fp8 / bf16 |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in matmul_rows:
-      print(f"| {r['shape']} | {r['kernels']} | {r['bf16_fwd_bwd_ms']:.2f} | {r['nvfp4_fwd_bwd_ms']:.2f} | "
-            f"{r['nvfp4_over_bf16']:.2f}x | {r['nvfp4_4over6_over_bf16']:.2f}x | {r['fp8_over_bf16']:.2f}x |")
+      print(
+        f"| {r['shape']} | {r['kernels']} | {r['bf16_fwd_bwd_ms']:.2f} | {r['nvfp4_fwd_bwd_ms']:.2f} | "
+        f"{r['nvfp4_over_bf16']:.2f}x | {r['nvfp4_4over6_over_bf16']:.2f}x | {r['fp8_over_bf16']:.2f}x |"
+      )
 
 
 def _one_line_error(message):
@@ -150,15 +172,21 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.error = _one_line_error
   on_gpu = quantizer_impl.unavailable_reason() is None
-  parser.add_argument("--shape", default="8192x16384" if on_gpu else "2048x2048",
-                      help="operand rows x cols (default 8192x16384 on an NVIDIA GPU, 2048x2048 elsewhere)")
-  parser.add_argument("--impls", default="xla,pallas" if on_gpu else "xla",
-                      help="comma-separated quantizer implementations: xla, pallas (NVIDIA GPUs)")
+  parser.add_argument(
+    "--shape",
+    default="8192x16384" if on_gpu else "2048x2048",
+    help="operand rows x cols (default 8192x16384 on an NVIDIA GPU, 2048x2048 elsewhere)",
+  )
+  parser.add_argument(
+    "--impls",
+    default="xla,pallas" if on_gpu else "xla",
+    help="comma-separated quantizer implementations: xla, pallas (NVIDIA GPUs)",
+  )
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--matmul-shapes", default="", help="also time qmatmul fwd+bwd at these MxKxN")
   parser.add_argument("--json", help="also write the rows as JSON here")
   args = parser.parse_args()
-  (rows, cols), = _parse_shapes(args.shape, 2, parser, "--shape")
+  ((rows, cols),) = _parse_shapes(args.shape, 2, parser, "--shape")
   matmul_shapes = _parse_shapes(args.matmul_shapes, 3, parser, "--matmul-shapes") if args.matmul_shapes else []
   impls = [i for i in args.impls.split(",") if i]
   bad = [i for i in impls if i not in ("xla", "pallas")]
@@ -167,18 +195,30 @@ def main():
   if "pallas" in impls and not on_gpu:
     print(f"error: --impls pallas: {quantizer_impl.unavailable_reason()}; use --impls xla", file=sys.stderr)
     sys.exit(2)
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=pathlib.Path(__file__).parent).stdout.strip()
+  commit = subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=pathlib.Path(__file__).parent
+  ).stdout.strip()
   device = jax.devices()[0]
-  print(f"device: {device.platform} ({getattr(device, 'device_kind', '')}), {platform.machine()}, "
-        f"jax {jax.__version__}, commit {commit}")
+  print(
+    f"device: {device.platform} ({getattr(device, 'device_kind', '')}), {platform.machine()}, "
+    f"jax {jax.__version__}, commit {commit}"
+  )
   quant_rows = bench_quantizers(rows, cols, impls, args.iters)
   matmul_rows = [bench_matmul(*s, kernels=impl, iters=args.iters) for s in matmul_shapes for impl in impls]
   _print_tables(quant_rows, matmul_rows, rows, cols)
   if args.json:
-    pathlib.Path(args.json).write_text(json.dumps(
-        {"commit": commit, "device": str(device), "shape": [rows, cols], "quantizers": quant_rows,
-         "matmul": matmul_rows}, indent=1))
+    pathlib.Path(args.json).write_text(
+      json.dumps(
+        {
+          "commit": commit,
+          "device": str(device),
+          "shape": [rows, cols],
+          "quantizers": quant_rows,
+          "matmul": matmul_rows,
+        },
+        indent=1,
+      )
+    )
 
 
 if __name__ == "__main__":

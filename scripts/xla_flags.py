@@ -18,26 +18,26 @@ import os
 import sys
 
 COMPUTE = (
-    "--xla_gpu_enable_latency_hiding_scheduler=true",
-    "--xla_gpu_enable_triton_gemm=false",
-    "--xla_gpu_enable_command_buffer=",
-    "--xla_gpu_enable_highest_priority_async_stream=true",
-    "--xla_disable_hlo_passes=rematerialization",
+  "--xla_gpu_enable_latency_hiding_scheduler=true",
+  "--xla_gpu_enable_triton_gemm=false",
+  "--xla_gpu_enable_command_buffer=",
+  "--xla_gpu_enable_highest_priority_async_stream=true",
+  "--xla_disable_hlo_passes=rematerialization",
 )
 COMBINE_BYTES = 1 << 30
 
 
 def collective_flags(total_gpus):
   return (
-      f"--xla_gpu_all_reduce_combine_threshold_bytes={COMBINE_BYTES}",
-      f"--xla_gpu_all_gather_combine_threshold_bytes={COMBINE_BYTES // total_gpus}",
-      f"--xla_gpu_reduce_scatter_combine_threshold_bytes={COMBINE_BYTES // (total_gpus * 2)}",
-      "--xla_gpu_enable_pipelined_all_gather=true",
-      "--xla_gpu_enable_pipelined_reduce_scatter=true",
-      "--xla_gpu_enable_pipelined_all_reduce=true",
-      "--xla_gpu_enable_while_loop_double_buffering=true",
-      "--xla_gpu_enable_all_gather_combine_by_dim=false",
-      "--xla_gpu_enable_reduce_scatter_combine_by_dim=false",
+    f"--xla_gpu_all_reduce_combine_threshold_bytes={COMBINE_BYTES}",
+    f"--xla_gpu_all_gather_combine_threshold_bytes={COMBINE_BYTES // total_gpus}",
+    f"--xla_gpu_reduce_scatter_combine_threshold_bytes={COMBINE_BYTES // (total_gpus * 2)}",
+    "--xla_gpu_enable_pipelined_all_gather=true",
+    "--xla_gpu_enable_pipelined_reduce_scatter=true",
+    "--xla_gpu_enable_pipelined_all_reduce=true",
+    "--xla_gpu_enable_while_loop_double_buffering=true",
+    "--xla_gpu_enable_all_gather_combine_by_dim=false",
+    "--xla_gpu_enable_reduce_scatter_combine_by_dim=false",
   )
 
 
@@ -67,8 +67,10 @@ def main(argv):
     print(__doc__.strip())
     return 0
   if len(argv) > 1 or (argv and not (argv[0].isdigit() and int(argv[0]) >= 1)):
-    print(f"error: expected one argument, the job's total GPU count (an integer >= 1), got {' '.join(argv)!r}",
-          file=sys.stderr)
+    print(
+      f"error: expected one argument, the job's total GPU count (an integer >= 1), got {' '.join(argv)!r}",
+      file=sys.stderr,
+    )
     return 2
   print(" ".join(gpu_flags(int(argv[0]) if argv else 1)))
   return 0

@@ -16,7 +16,8 @@ JAX_CACHE = os.environ.setdefault("MAXTEXT_TEST_JAX_CACHE", tempfile.mkdtemp(pre
 # Transformer Engine's reference NVFP4 cases (tests/data/golden/nvfp4/README.md), in the repo; NVFP4_GOLDEN_DIR may
 # name a directory of the same layout whose cases are checked too (never instead).
 GOLDEN_DIRS = [REPO / "tests" / "data" / "golden" / "nvfp4"] + (
-    [pathlib.Path(os.environ["NVFP4_GOLDEN_DIR"])] if os.environ.get("NVFP4_GOLDEN_DIR") else [])
+  [pathlib.Path(os.environ["NVFP4_GOLDEN_DIR"])] if os.environ.get("NVFP4_GOLDEN_DIR") else []
+)
 # Compiling is most of the suite's time on CPU, and about a third of that is LLVM optimizing code that runs for
 # milliseconds: on CPU-only machines the suite compiles at XLA's backend optimization level 0. The quantizers' bits
 # are the same at every level (elementwise code, no fast math or FP contraction:
@@ -64,6 +65,7 @@ def golden_params(kind):
 def division_modes():
   """Parameters for tests that must hold with IEEE f32 division and with an NVIDIA GPU's (one ulp off)."""
   from tests.quantization.gpu_division import gpu_like_division  # pylint: disable=import-outside-toplevel
+
   return [pytest.param(contextlib.nullcontext, id="ieee_div"), pytest.param(gpu_like_division, id="gpu_like_div")]
 
 
@@ -71,6 +73,7 @@ def division_modes():
 def corpus(tmp_path_factory):
   """A small prepared text corpus: ArrayRecord text shards for the byte tokenizer, plus a TFDS copy 'plays'."""
   from tests.data.corpus import make_corpus  # pylint: disable=import-outside-toplevel
+
   return make_corpus(tmp_path_factory.mktemp("corpus"), "--tfds", "plays")
 
 
@@ -81,6 +84,7 @@ HF_TINY = REPO / "tests" / "data" / "hf_tiny"  # made by scripts/make_tiny_llama
 def hf_tiny_import(tmp_path_factory):
   """tests/data/hf_tiny imported once: the output directory (config.yml, checkpoints/0, hf/)."""
   from MaxText.checkpointing.hf import importer  # pylint: disable=import-outside-toplevel
+
   out = tmp_path_factory.mktemp("hf_tiny") / "imported"
   importer.import_checkpoint(HF_TINY, out, log=lambda *_: None)
   return out

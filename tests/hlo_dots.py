@@ -11,8 +11,10 @@ import re
 
 _FUNC = re.compile(r"func\.func (?:public |private )?@([\w.$-]+)\(")
 _CALL = re.compile(r"\bcall @([\w.$-]+)\(")
-_DOT = re.compile(r"stablehlo\.dot_general .*?contracting_dims = \[([\d, ]*)\] x \[[\d, ]*\].*?"
-                  r":\s*\(tensor<([^>]*)>, tensor<([^>]*)>\)\s*->\s*tensor<([^>]*)>")
+_DOT = re.compile(
+  r"stablehlo\.dot_general .*?contracting_dims = \[([\d, ]*)\] x \[[\d, ]*\].*?"
+  r":\s*\(tensor<([^>]*)>, tensor<([^>]*)>\)\s*->\s*tensor<([^>]*)>"
+)
 TENSOR_CORE_DTYPES = frozenset({"bf16", "f16", "f8E4M3FN", "f8E5M2", "f4E2M1FN"})
 
 

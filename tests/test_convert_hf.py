@@ -26,11 +26,14 @@ def test_export_sources(hf_tiny_import, tmp_path):
     convert_hf.export_source(tmp_path)
 
 
-@pytest.mark.parametrize("argv, message", [
+@pytest.mark.parametrize(
+  "argv, message",
+  [
     (["to-hf"], "the following arguments are required"),
     (["to-hf", "x.yml", "out", "--dtype", "int8"], "invalid choice: 'int8'"),
     (["export", "a", "b"], "invalid choice: 'export'"),
-])
+  ],
+)
 def test_bad_command_lines_are_one_line_errors(capsys, argv, message):
   assert convert_hf.main(argv) == 2
   err = capsys.readouterr().err

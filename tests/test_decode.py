@@ -13,16 +13,28 @@ from tests.checkpointing.hf import tiny
 
 
 def _decode(*args):
-  return subprocess.run([sys.executable, "-m", "MaxText.decode", *map(str, args)], cwd=REPO, capture_output=True,
-                        text=True, check=False, env=cpu_subprocess_env(1))
+  return subprocess.run(
+    [sys.executable, "-m", "MaxText.decode", *map(str, args)],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    check=False,
+    env=cpu_subprocess_env(1),
+  )
 
 
 def test_decodes_a_prompts_file_in_batches_to_jsonl(hf_tiny_import, tmp_path):
   records, _ = tiny.reference()
   (tmp_path / "prompts.txt").write_text("".join(r["prompt"] + "\n" for r in records[:3]), encoding="utf-8")
-  result = _decode(hf_tiny_import / "config.yml", f"prompts_file={tmp_path / 'prompts.txt'}", "per_device_batch_size=2",
-                   "max_prefill_predict_length=16", "max_target_length=48", "dtype=float32",
-                   f"decode_output_file={tmp_path / 'out.jsonl'}")
+  result = _decode(
+    hf_tiny_import / "config.yml",
+    f"prompts_file={tmp_path / 'prompts.txt'}",
+    "per_device_batch_size=2",
+    "max_prefill_predict_length=16",
+    "max_target_length=48",
+    "dtype=float32",
+    f"decode_output_file={tmp_path / 'out.jsonl'}",
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   lines = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
   assert [l["prompt"] for l in lines] == [r["prompt"] for r in records[:3]]
@@ -34,7 +46,9 @@ def test_decodes_a_prompts_file_in_batches_to_jsonl(hf_tiny_import, tmp_path):
     assert f"Input `{record['prompt']}` -> `" in result.stdout
 
 
-@pytest.mark.parametrize("args, message", [
+@pytest.mark.parametrize(
+  "args, message",
+  [
     (["max_prefill_predict_length=4"], "prompt 1 ('ROMEO.'...) is 7 tokens, more than max_prefill_predict_length=4"),
     (["max_prefill_predict_length=64", "max_target_length=64"], "must be < max_target_length=64"),
     (["decode_sampling_strategy=nucleus"], "decode_sampling_nucleus_p in (0, 1]"),
@@ -42,7 +56,8 @@ def test_decodes_a_prompts_file_in_batches_to_jsonl(hf_tiny_import, tmp_path):
     (["prompts_file=/nonexistent/prompts.txt"], "no such file"),
     (["load_parameters_path=", "run_name=never_ran"], "nothing to decode"),
     (["decode_sampling_strategy=beam"], "is not one of: greedy, weighted, topk, nucleus"),
-])
+  ],
+)
 def test_bad_decode_settings_are_one_line_errors(hf_tiny_import, capsys, args, message):
   assert decode.main([str(hf_tiny_import / "config.yml"), "prompt=ROMEO.", *args]) == 2
   err = capsys.readouterr().err

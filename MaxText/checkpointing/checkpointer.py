@@ -32,8 +32,17 @@ class CheckpointError(UserError):
 
 
 # Settings a checkpoint's data position and state depend on: resuming under others is refused.
-DATA_KEYS = ("dataset_type", "grain_train_files", "grain_record_format", "dataset_path", "dataset_name",
-             "train_split", "tokenizer_type", "tokenizer_path", "max_target_length")
+DATA_KEYS = (
+  "dataset_type",
+  "grain_train_files",
+  "grain_record_format",
+  "dataset_path",
+  "dataset_name",
+  "train_split",
+  "tokenizer_type",
+  "tokenizer_path",
+  "max_target_length",
+)
 
 
 def _state_args(state, restore):
@@ -42,8 +51,10 @@ def _state_args(state, restore):
   return ocp.args.StandardSave(state)
 
 
-_OS_FAULTS = re.compile(r"No space left on device|File too large|Disk quota exceeded|Read-only file system|"
-                        r"Permission denied|No such file or directory|Not a directory|Input/output error")
+_OS_FAULTS = re.compile(
+  r"No space left on device|File too large|Disk quota exceeded|Read-only file system|"
+  r"Permission denied|No such file or directory|Not a directory|Input/output error"
+)
 
 
 def _reason(e):
@@ -57,14 +68,19 @@ def _reason(e):
 
 def _array_names(tree):
   """{the name Orbax stores each array leaf under ('params.layers...', 'opt_state.1.0.mu...')}."""
+
   def name(path):
     return ".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
   return {name(path) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(leaf, "shape")}
 
 
-_STATE_PARTS = {"params": "parameters", "opt_state": "optimizer state (gradient_clipping_threshold or the optimizer "
-                "changed?)", "amax_history": "FP8 delayed scaling's amax histories (quantization / "
-                "attention_quantization / amax_history_len changed?)"}
+_STATE_PARTS = {
+  "params": "parameters",
+  "opt_state": "optimizer state (gradient_clipping_threshold or the optimizer changed?)",
+  "amax_history": "FP8 delayed scaling's amax histories (quantization / "
+  "attention_quantization / amax_history_len changed?)",
+}
 
 
 def structure_difference(stored_names, template):
@@ -75,8 +91,11 @@ def structure_difference(stored_names, template):
   only_stored, only_wanted = stored_names - wanted, wanted - stored_names
   parts = sorted({n.split(".")[0] for n in only_stored | only_wanted})
   what = "; ".join(_STATE_PARTS.get(p, p) for p in parts)
-  example = (f"the checkpoint holds {sorted(only_stored)[0]}, which this config doesn't" if only_stored else
-             f"this config needs {sorted(only_wanted)[0]}, which the checkpoint lacks")
+  example = (
+    f"the checkpoint holds {sorted(only_stored)[0]}, which this config doesn't"
+    if only_stored
+    else f"this config needs {sorted(only_wanted)[0]}, which the checkpoint lacks"
+  )
   return f"its {what} differ from this config's ({example})"
 
 
@@ -85,15 +104,20 @@ def settings_difference(stored_config, cfg):
   # Checkpoints written before paths were made absolute at load hold them as given: read those against the working
   # directory, as the run that wrote them did.
   stored = {k: config.absolute_path(v) if k in config.PATH_KEYS else v for k, v in stored_config.items()}
-  changed = [f"{k}: {stored_config[k]!r} -> {getattr(cfg, k)!r}" for k in DATA_KEYS
-             if k in stored and stored[k] != getattr(cfg, k)]
+  changed = [
+    f"{k}: {stored_config[k]!r} -> {getattr(cfg, k)!r}"
+    for k in DATA_KEYS
+    if k in stored and stored[k] != getattr(cfg, k)
+  ]
   return ", ".join(changed) or None
 
 
 def meta_record(step, cfg):
   """What a checkpoint says about itself: its step and the run's settings."""
-  return {"step": int(step), "config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, (str, int, float,
-                                                                                                  bool, list))}}
+  return {
+    "step": int(step),
+    "config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, (str, int, float, bool, list))},
+  }
 
 
 class Checkpointer:
@@ -117,9 +141,15 @@ class Checkpointer:
     sys.unraisablehook = self._closed_loop_noise
     with _kept_in(self._log_path) as log, _logger_to("absl", log):  # its warnings about junk dirs
       self._manager = ocp.CheckpointManager(
-          self.directory, item_names=("state", "data", "meta"),
-          options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep or None, enable_async_checkpointing=async_save,
-                                               create=True, cleanup_tmp_directories=True))
+        self.directory,
+        item_names=("state", "data", "meta"),
+        options=ocp.CheckpointManagerOptions(
+          max_to_keep=max_to_keep or None,
+          enable_async_checkpointing=async_save,
+          create=True,
+          cleanup_tmp_directories=True,
+        ),
+      )
 
   def steps(self):
     return sorted(self._manager.all_steps())
@@ -131,8 +161,14 @@ class Checkpointer:
   def _failed(self, step, e):
     _late_noise_to(self._log_path)  # the failed write's leftover callbacks print tracebacks later: to the log
     good = [s for s in self.steps() if s != step]
-    last = (f"the last good checkpoint is {self.directory}/{good[-1]}: fix the storage (space, permissions) and "
-            "rerun to resume from it") if good else "no checkpoint was saved before it: fix the storage and rerun"
+    last = (
+      (
+        f"the last good checkpoint is {self.directory}/{good[-1]}: fix the storage (space, permissions) and "
+        "rerun to resume from it"
+      )
+      if good
+      else "no checkpoint was saved before it: fix the storage and rerun"
+    )
     return CheckpointError(f"saving the checkpoint at step {step} in {self.directory} failed ({_reason(e)}); {last}")
 
   def save(self, step, state, data_state, *, force=False):
@@ -141,8 +177,9 @@ class Checkpointer:
       return False
     self.wait()  # Orbax would wait for the previous save anyway: its failure is named as its own step's
     meta = meta_record(step, self.cfg) if self.cfg is not None else {"step": int(step)}
-    args = ocp.args.Composite(state=_state_args(state, False), data=ocp.args.JsonSave(data_state),
-                              meta=ocp.args.JsonSave(meta))
+    args = ocp.args.Composite(
+      state=_state_args(state, False), data=ocp.args.JsonSave(data_state), meta=ocp.args.JsonSave(meta)
+    )
     try:
       saved = self._manager.save(step, args=args, force=True)
     except Exception as e:  # orbax/tensorstore/OS errors: disk full, directory removed or read-only
@@ -179,9 +216,11 @@ class Checkpointer:
       changed = settings_difference(meta.get("config", {}), self.cfg)
       difference = changed and f"it was written reading other data ({changed})"
     if difference:
-      raise CheckpointError(f"checkpoint {self.directory}/{step} can't continue under this config: {difference}; "
-                            "resume with the settings it was written with, start from its weights with "
-                            f"load_parameters_path={self.directory}/{step}, or pick another run_name")
+      raise CheckpointError(
+        f"checkpoint {self.directory}/{step} can't continue under this config: {difference}; "
+        "resume with the settings it was written with, start from its weights with "
+        f"load_parameters_path={self.directory}/{step}, or pick another run_name"
+      )
 
   def restore_latest(self, state_template):
     """(step, state, data_state) from the newest readable checkpoint, or None when there is none.
@@ -202,24 +241,33 @@ class Checkpointer:
           traceback.print_exception(e, file=log)
           _late_noise_to(self._log_path)
           if "not compatible with the stored shape" in str(e):
-            raise CheckpointError(f"checkpoint {self.directory}/{step} holds another model shape "
-                                  f"({_shape_mismatch(str(e))}): resume with the config it was trained with, or "
-                                  "pick another run_name") from None
+            raise CheckpointError(
+              f"checkpoint {self.directory}/{step} holds another model shape "
+              f"({_shape_mismatch(str(e))}): resume with the config it was trained with, or "
+              "pick another run_name"
+            ) from None
           failures.append(step)
-          print(f"warning: checkpoint {self.directory}/{step} is unreadable ({_reason(e)}); trying the previous one",
-                flush=True)
+          print(
+            f"warning: checkpoint {self.directory}/{step} is unreadable ({_reason(e)}); trying the previous one",
+            flush=True,
+          )
           continue
         self._set_aside(failures)
         return step, restored["state"], dict(restored["data"] or {})
     if failures:
-      raise CheckpointError(f"no readable checkpoint in {self.directory} (tried steps {failures}); move the "
-                            "directory away (or pick another run_name) to start from step 0")
+      raise CheckpointError(
+        f"no readable checkpoint in {self.directory} (tried steps {failures}); move the "
+        "directory away (or pick another run_name) to start from step 0"
+      )
     return None
 
   def _set_aside(self, failures):
     for bad in failures:
-      print(f"moved the unreadable checkpoint {self.directory}/{bad} aside to "
-            f"{self._move_aside(bad).name} (the run writes step {bad} again when it gets there)", flush=True)
+      print(
+        f"moved the unreadable checkpoint {self.directory}/{bad} aside to "
+        f"{self._move_aside(bad).name} (the run writes step {bad} again when it gets there)",
+        flush=True,
+      )
     if failures:
       self._manager.reload()
 
@@ -272,8 +320,9 @@ def _late_noise_to(path):
   log = open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with  (kept open: written until exit)
   sys.unraisablehook = lambda u: traceback.print_exception(u.exc_value, file=log)
   threading.excepthook = lambda a: traceback.print_exception(a.exc_value, file=log)
-  warnings.showwarning = (lambda message, category, filename, lineno, file=None, line=None:
-                          log.write(warnings.formatwarning(message, category, filename, lineno, line)))
+  warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: log.write(
+    warnings.formatwarning(message, category, filename, lineno, line)
+  )
   asyncio_logger = logging.getLogger("asyncio")  # "Task exception was never retrieved", at garbage collection
   asyncio_logger.addHandler(logging.StreamHandler(log))
   asyncio_logger.propagate = False
@@ -355,11 +404,13 @@ def restore_step_dir(path, state_template):
   """
   path = pathlib.Path(path).absolute()
   if not (path / "state").is_dir():
-    raise CheckpointError(f"{path} is not a checkpoint step directory (no {path.name}/state); point at "
-                          "<run dir>/checkpoints/<step>")
+    raise CheckpointError(
+      f"{path} is not a checkpoint step directory (no {path.name}/state); point at <run dir>/checkpoints/<step>"
+    )
   try:
-    state = ocp.StandardCheckpointer().restore(path / "state", jax.tree.map(ocp.utils.to_shape_dtype_struct,
-                                                                             state_template))
+    state = ocp.StandardCheckpointer().restore(
+      path / "state", jax.tree.map(ocp.utils.to_shape_dtype_struct, state_template)
+    )
     data_state = ocp.JsonCheckpointHandler().restore(path / "data") if (path / "data").is_dir() else {}
     meta = read_meta(path)
   except Exception as e:
@@ -377,8 +428,9 @@ def restore_params(step_dir, params_template):
   state = step_dir / "state"
   if not state.is_dir():
     raise CheckpointError(
-        f"{step_dir} is not a checkpoint step directory (no {step_dir.name}/state; point at <run dir>/checkpoints/"
-        "<step> or an import's checkpoints/0) nor a Hugging Face model directory (config.json beside *.safetensors)")
+      f"{step_dir} is not a checkpoint step directory (no {step_dir.name}/state; point at <run dir>/checkpoints/"
+      "<step> or an import's checkpoints/0) nor a Hugging Face model directory (config.json beside *.safetensors)"
+    )
   target = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, params_template)}
   try:
     stored = {n for n in _stored_names(step_dir) if n.startswith("params.")}
@@ -387,14 +439,14 @@ def restore_params(step_dir, params_template):
   difference = structure_difference(stored, target)
   if difference:
     raise CheckpointError(f"checkpoint {step_dir} can't start this config: {difference}")
-  args = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                                partial_restore=True)
+  args = ocp.args.PyTreeRestore(
+    item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
+  )
   try:
     with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
       restored = checkpointer.restore(state, args=args)
   except Exception as e:  # damaged files, shapes of another model
     message = str(e)
-    reason = (_shape_mismatch(message) if "not compatible with the stored shape" in message
-              else _reason(e))
+    reason = _shape_mismatch(message) if "not compatible with the stored shape" in message else _reason(e)
     raise CheckpointError(f"can't load parameters from {step_dir}: {reason}") from None
   return restored["params"]

@@ -19,6 +19,7 @@ def load(cfg, path, params_template):
 def newest_step_dir(run_dir):
   """<run_dir>/checkpoints/<newest step>, or None when the run has no checkpoint."""
   root = pathlib.Path(run_dir) / "checkpoints"
-  steps = sorted(int(p.name) for p in root.glob("*") if p.name.isdigit() and (p / "state").is_dir()) \
-      if root.is_dir() else []
+  steps = (
+    sorted(int(p.name) for p in root.glob("*") if p.name.isdigit() and (p / "state").is_dir()) if root.is_dir() else []
+  )
   return root / str(steps[-1]) if steps else None

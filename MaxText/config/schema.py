@@ -28,188 +28,316 @@ class Key:
 
 
 SCHEMA = {
-    # -- run
-    "run_name": Key(str, "", "name of the run; outputs go to base_output_directory/run_name ('' = timestamp)"),
-    "base_output_directory": Key(str, "outputs", "root directory for metrics, TensorBoard events and checkpoints"),
-    "steps": Key(int, 100, "number of optimizer steps to train"),
-    "log_period": Key(int, 10, "flush metrics files (JSONL, TensorBoard) every this many steps"),
-    "seed": Key(int, 0, "seed for parameter init, data and stochastic rounding"),
-    "dry_run": Key(bool, False, "build the model abstractly, print the summary and memory estimate, exit"),
-    "enable_tensorboard": Key(bool, True, "write TensorBoard event files next to the JSONL metrics"),
-    "hardware_memory_gib": Key(float, 0.0, "memory per device for the preflight check (0 = ask the device)"),
-    "jax_cache_dir": Key(str, "~/.cache/maxtext_nvfp4/jax", "persistent compilation cache shared by every run on "
-                         "the machine: a restart loads what an earlier start compiled ('' = off)"),
-    "data_prefetch_depth": Key(int, 2, "batches read and placed on the devices ahead of the step, by a background "
-                               "thread (0 = read each batch in the loop)"),
-    "profiler": Key(str, "", "'' (off), xplane (XProf trace of the profiled steps under run_dir/tensorboard, for "
-                    "TensorBoard or Perfetto, plus a printed device-time breakdown) or nsys (cudaProfilerStart/Stop "
-                    "around them, for nsys profile --capture-range=cudaProfilerApi)", ("", "xplane", "nsys")),
-    "skip_first_n_steps_for_profiler": Key(int, 1, "profile from this step on (skips compilation)"),
-    "profiler_steps": Key(int, 5, "number of steps to profile"),
-    # -- batch
-    "per_device_batch_size": Key(float, 1.0, "sequences per device per step (global batch = this x devices)"),
-    "max_target_length": Key(int, 2048, "sequence length in tokens"),
-    "gradient_accumulation_steps": Key(int, 1, "micro-batches accumulated into one optimizer step"),
-    # -- optimizer
-    "learning_rate": Key(float, 3e-4, "peak learning rate (AdamW)"),
-    "warmup_steps_fraction": Key(float, 0.1, "linear warmup length as a fraction of the schedule"),
-    "warmup_steps": Key(int, -1, "linear warmup length in steps (-1 = use warmup_steps_fraction)"),
-    "learning_rate_schedule_steps": Key(int, -1, "length of the warmup+cosine schedule (-1 = steps)"),
-    "cosine_learning_rate_final_fraction": Key(float, 0.1, "final learning rate as a fraction of the peak"),
-    "adam_b1": Key(float, 0.9, "AdamW beta1"),
-    "adam_b2": Key(float, 0.95, "AdamW beta2"),
-    "adam_eps": Key(float, 1e-8, "AdamW epsilon"),
-    "adam_weight_decay": Key(float, 0.1, "AdamW decoupled weight decay"),
-    "gradient_clipping_threshold": Key(float, 1.0, "clip gradients to this global norm (0 = off)"),
-    # -- precision
-    "dtype": Key(str, "bfloat16", "activation / compute dtype", ("bfloat16", "float32", "float16")),
-    "weight_dtype": Key(str, "float32", "parameter (master weight) dtype", ("float32", "bfloat16")),
-    "quantization": Key(str, "", "precision recipe of the MLP GEMMs ('' = BF16)", tuple([""] + recipe_names())),
-    "quantization_scope": Key(str, "mlp", "GEMMs that run `quantization`: mlp (the published recipe) or "
-                              "all_dense (attention q/k/v/o projections too, MaxText's behaviour)",
-                              ("mlp", "all_dense")),
-    "attention_quantization": Key(str, "", "recipe of the attention q/k/v/o projections when "
-                                  "quantization_scope=mlp ('' = BF16)", tuple([""] + recipe_names())),
-    "quantization_bf16_first_layers": Key(int, 0, "keep this many first decoder layers unquantized (BF16)"),
-    "quantization_bf16_last_layers": Key(int, 0, "keep this many last decoder layers unquantized (BF16)"),
-    "high_precision_from_step": Key(int, -1, "run every GEMM in BF16 from this step on (-1 = never)"),
-    "quantization_backend": Key(str, "auto", "auto: Transformer Engine where it can run the recipe, else xla where "
-                                "its block-scaled dot is a native FP4 GEMM (SM100+), else emulate; te; xla "
-                                "(jax.nn.scaled_matmul on our NVFP4 operands, NVIDIA GPUs); emulate (pure JAX)",
-                                ("auto", "te", "xla", "emulate")),
-    "quantization_kernels": Key(str, "auto", "operand quantizers of the emulated backend: auto (Pallas Triton "
-                                "kernels on a single NVIDIA GPU, else xla), pallas, xla (the portable XLA path, "
-                                "same bits)",
-                                ("auto", "pallas", "xla")),
-    "disable_rht": Key(bool, False, "NVFP4: no Random Hadamard Transform on the wgrad operands"),
-    "disable_stochastic_rounding": Key(bool, False, "NVFP4: round gradients to nearest instead of stochastically"),
-    "disable_2d_quantization": Key(bool, False, "NVFP4: 1x16 blocks for weights instead of 16x16 tiles"),
-    "nvfp4_4over6": Key(str, "none", "NVFP4: Four Over Six block scaling (each block quantized with its max mapped "
-                        "to 6 and to 4, the one with the smaller error kept; global scale 6*256/amax) on the weights "
-                        "(w), activations (x), gradients (dy) or all of them (TE's name; TE's 'all' leaves gradients "
-                        "out)", ("none", "weights", "activations", "gradients", "all")),
-    "nvfp4_4over6_err_mode": Key(str, "mse", "NVFP4 Four Over Six: the block error that picks 4 or 6: mse (sum of "
-                                 "squares, the paper's) or mae (sum of magnitudes, TE's default)", ("mse", "mae")),
-    "nvfp4_backward_override": Key(str, "none", "NVFP4: quantize fprop only; dgrad and wgrad in the compute dtype "
-                                   "on the unquantized x, w, dy (high_precision) or on the forward's quantized x and "
-                                   "w, dequantized, with unquantized dy (dequantized); TE's backward_override",
-                                   ("none", "high_precision", "dequantized")),
-    "amax_history_len": Key(int, 1024, "FP8 delayed scaling (te_fp8_delayedscaling): steps of amax history per GEMM "
-                            "operand"),
-    "amax_compute_algo": Key(str, "max", "FP8 delayed scaling: scale from the history's max or its most "
-                             "recent amax", ("max", "most_recent")),
-    "quantization_stats_period": Key(int, 0, "every N steps log, per GEMM kind and operand, the relative "
-                                     "quantization error and the fractions of saturated and all-zero (underflowed) "
-                                     "blocks to metrics.jsonl/TensorBoard as quant/<gemm>/<operand>/<stat> (0 = off)"),
-    # -- model
-    "model_name": Key(str, "llama3", "model family label (informational)"),
-    "base_emb_dim": Key(int, 2048, "model (embedding) width"),
-    "base_num_query_heads": Key(int, 16, "attention query heads"),
-    "base_num_kv_heads": Key(int, 8, "attention key/value heads (grouped-query attention)"),
-    "head_dim": Key(int, 128, "width of one attention head"),
-    "base_mlp_dim": Key(int, 7168, "SwiGLU hidden width"),
-    "base_num_decoder_layers": Key(int, 16, "decoder layers"),
-    "vocab_size": Key(int, 32000, "vocabulary size (embedding rows and lm head columns)"),
-    "logits_via_embedding": Key(bool, False, "the lm head is the embedding's transpose (tied embeddings, as Llama "
-                                "3.2 1B/3B; no lm_head parameter); MaxText's key, without its Gemma-style "
-                                "normalize_embedding_logits"),
-    "mlp_activations": Key(list, ["silu", "linear"], "gated MLP activations: [gate, up]"),
-    "normalization_layer_epsilon": Key(float, 1e-5, "RMSNorm epsilon"),
-    "rope_max_timescale": Key(float, 500000.0, "RoPE base (theta)"),
-    "rope_type": Key(str, "default", "RoPE frequencies: default, or llama3.1 scaling", ("default", "llama3.1")),
-    "rope_scaling_factor": Key(float, 8.0, "llama3.1 RoPE: scale factor"),
-    "rope_low_freq_factor": Key(float, 1.0, "llama3.1 RoPE: low-frequency factor"),
-    "rope_high_freq_factor": Key(float, 4.0, "llama3.1 RoPE: high-frequency factor"),
-    "rope_original_max_position": Key(int, 8192, "llama3.1 RoPE: original context length"),
-    "scan_layers": Key(bool, True, "run the decoder layers with lax.scan (one compiled layer)"),
-    "remat_policy": Key(str, "full", "activation rematerialization per layer: none, full (recompute the layer), "
-                        "minimal (keep the q/k/v/o and MLP GEMM outputs), +_with_context (and the attention "
-                        "output, with cuDNN its softmax statistics too), +_with_quantization (and the quantized "
-                        "operands the backward GEMMs reuse)",
-                        ("none", "minimal", "minimal_with_context", "minimal_with_quantization",
-                         "minimal_with_context_and_quantization", "full")),
-    "attention": Key(str, "dot_product", "attention kernel: XLA dot_product, or cuDNN flash on GPU",
-                     ("dot_product", "cudnn_flash")),
-    "num_vocab_tiling": Key(int, 1, "compute the lm head and its cross-entropy in this many tiles of the sequence, "
-                            "gradients included, so the [tokens, vocab] f32 logits are never whole in memory "
-                            "(1 = off; must divide max_target_length)"),
-    # -- distribution
-    "hardware": Key(str, "cpu", "cpu (one process; NNODES>1 with JAX_COORDINATOR_IP for CPU multi-process), gpu (one "
-                    "process per node from JAX_COORDINATOR_IP/PORT, NNODES, NODE_RANK) or gpu_multiprocess (one "
-                    "process per GPU, Slurm detected)", ("cpu", "gpu", "gpu_multiprocess")),
-    "jax_distributed_initialization_timeout": Key(int, 300, "seconds to wait for all processes to join"),
-    **{f"ici_{axis}_parallelism": Key(int, -1 if axis == "fsdp" else 1,
-                                      f"{axis} parallelism within a node (-1 = the remaining devices)")
-       for axis in ("data", "fsdp", "context", "tensor")},
-    **{f"dcn_{axis}_parallelism": Key(int, -1 if axis == "data" else 1,
-                                      f"{axis} parallelism across nodes/processes (-1 = the remaining processes)")
-       for axis in ("data", "fsdp", "context", "tensor")},
-    "gpu_type": Key(str, "", "target GPU for the memory check (dry_run and preflight): its published HBM less "
-                    "10% headroom for XLA workspace, NCCL buffers and fragmentation ('' = the local device)",
-                    ("", "h100", "h200", "b200", "gb200", "b300", "gb300")),
-    "num_devices": Key(int, 0, "dry_run: the device count to plan for (0 = the ici/dcn product, else local)"),
-    # -- data
-    "dataset_type": Key(str, "synthetic", "input pipeline: synthetic (a seeded Markov chain), grain (ArrayRecord "
-                        "files) or tfds (a TFDS dataset directory read through its ArrayRecord data source)",
-                        ("synthetic", "grain", "tfds")),
-    "grain_train_files": Key(str, "", "grain: glob of the training ArrayRecord shards"),
-    "grain_eval_files": Key(str, "", "grain: glob of the eval ArrayRecord shards ('' = no eval data)"),
-    "grain_record_format": Key(str, "text", "grain/tfds: records are UTF-8 text (tokenized on the fly) or "
-                               "token_ids (int32 little-endian)", ("text", "token_ids")),
-    "grain_worker_count": Key(int, 0, "grain/tfds: worker processes reading the training data, each its own share "
-                              "of the documents (0 = read in the training process; eval always reads there)"),
-    "packing": Key(bool, True, "grain/tfds: pack several documents into each row (attention masked per document); "
-                   "false: one document piece per row, right-padded, attention causal only. Synthetic data is "
-                   "never packed"),
-    "grain_max_pieces_per_document": Key(int, 4096, "grain/tfds: a document longer than this many sequences of "
-                                         "max_target_length is an error naming it"),
-    "dataset_path": Key(str, "", "tfds: the data_dir holding <dataset_name>/<version>/"),
-    "dataset_name": Key(str, "", "tfds: dataset name"),
-    "train_split": Key(str, "train", "tfds: training split"),
-    "eval_split": Key(str, "", "tfds: eval split ('' = no eval data)"),
-    "tokenizer_type": Key(str, "byte", "byte (UTF-8 bytes, no file), huggingface (tokenizer.json), tiktoken "
-                          "(a Llama 3 tokenizer.model) or sentencepiece", ("byte", "huggingface", "tiktoken",
-                                                                          "sentencepiece")),
-    "tokenizer_path": Key(str, "", "the tokenizer file (not needed for byte)"),
-    "eval_interval": Key(int, 0, "evaluate every this many steps and at the end (0 = never)"),
-    "eval_steps": Key(int, 10, "batches per evaluation (fewer if the eval split runs out)"),
-    # -- checkpoints
-    "enable_checkpointing": Key(bool, False, "save Orbax checkpoints under base_output_directory/run_name/"
-                                "checkpoints and resume from the latest one when rerun"),
-    "async_checkpointing": Key(bool, True, "write checkpoints in the background while training goes on"),
-    "checkpoint_period": Key(int, 100, "save every this many steps (and when training ends or is preempted)"),
-    "max_num_checkpoints_to_keep": Key(int, 3, "keep the newest this many checkpoints (0 = all)"),
-    "load_parameters_path": Key(str, "", "start from these parameters (fresh optimizer, step 0): a checkpoint step "
-                                "directory (<run dir>/checkpoints/<step>, an import's checkpoints/0) or a Hugging Face "
-                                "Llama directory, read directly (each process reads its devices' slices)"),
-    "load_full_state_path": Key(str, "", "start from this checkpoint step directory: parameters, optimizer "
-                                "state, step and data position"),
-    # -- decode (python -m MaxText.decode; MaxText's keys)
-    "prompt": Key(str, "I love to", "decode: the prompt, encoded as the tokenizer encodes it (a tokenizer.json's own "
-                  "post-processor decides BOS)"),
-    "prompts_file": Key(str, "", "decode: a UTF-8 file of prompts, one per line, decoded in batches of "
-                        "per_device_batch_size x devices (instead of prompt)"),
-    "decode_output_file": Key(str, "", "decode: write one JSON line per prompt here (prompt, prompt_ids, "
-                              "completion_ids, completion, prefill and decode tokens/s)"),
-    "max_prefill_predict_length": Key(int, 64, "decode: the longest prompt in tokens; prompts are prefilled at once, "
-                                      "padded to this length"),
-    "decode_sampling_strategy": Key(str, "greedy", "decode: greedy (argmax), weighted (sample the softmax), topk "
-                                    "(sample the top decode_sampling_top_k) or nucleus (sample the smallest set "
-                                    "holding decode_sampling_nucleus_p of the probability)",
-                                    ("greedy", "weighted", "topk", "nucleus")),
-    "decode_sampling_temperature": Key(float, 1.0, "decode: logits are divided by this before sampling"),
-    "decode_sampling_top_k": Key(int, 0, "decode: k of decode_sampling_strategy=topk"),
-    "decode_sampling_nucleus_p": Key(float, -1.0, "decode: p of decode_sampling_strategy=nucleus, in (0, 1]"),
+  # -- run
+  "run_name": Key(str, "", "name of the run; outputs go to base_output_directory/run_name ('' = timestamp)"),
+  "base_output_directory": Key(str, "outputs", "root directory for metrics, TensorBoard events and checkpoints"),
+  "steps": Key(int, 100, "number of optimizer steps to train"),
+  "log_period": Key(int, 10, "flush metrics files (JSONL, TensorBoard) every this many steps"),
+  "seed": Key(int, 0, "seed for parameter init, data and stochastic rounding"),
+  "dry_run": Key(bool, False, "build the model abstractly, print the summary and memory estimate, exit"),
+  "enable_tensorboard": Key(bool, True, "write TensorBoard event files next to the JSONL metrics"),
+  "hardware_memory_gib": Key(float, 0.0, "memory per device for the preflight check (0 = ask the device)"),
+  "jax_cache_dir": Key(
+    str,
+    "~/.cache/maxtext_nvfp4/jax",
+    "persistent compilation cache shared by every run on "
+    "the machine: a restart loads what an earlier start compiled ('' = off)",
+  ),
+  "data_prefetch_depth": Key(
+    int,
+    2,
+    "batches read and placed on the devices ahead of the step, by a background "
+    "thread (0 = read each batch in the loop)",
+  ),
+  "profiler": Key(
+    str,
+    "",
+    "'' (off), xplane (XProf trace of the profiled steps under run_dir/tensorboard, for "
+    "TensorBoard or Perfetto, plus a printed device-time breakdown) or nsys (cudaProfilerStart/Stop "
+    "around them, for nsys profile --capture-range=cudaProfilerApi)",
+    ("", "xplane", "nsys"),
+  ),
+  "skip_first_n_steps_for_profiler": Key(int, 1, "profile from this step on (skips compilation)"),
+  "profiler_steps": Key(int, 5, "number of steps to profile"),
+  # -- batch
+  "per_device_batch_size": Key(float, 1.0, "sequences per device per step (global batch = this x devices)"),
+  "max_target_length": Key(int, 2048, "sequence length in tokens"),
+  "gradient_accumulation_steps": Key(int, 1, "micro-batches accumulated into one optimizer step"),
+  # -- optimizer
+  "learning_rate": Key(float, 3e-4, "peak learning rate (AdamW)"),
+  "warmup_steps_fraction": Key(float, 0.1, "linear warmup length as a fraction of the schedule"),
+  "warmup_steps": Key(int, -1, "linear warmup length in steps (-1 = use warmup_steps_fraction)"),
+  "learning_rate_schedule_steps": Key(int, -1, "length of the warmup+cosine schedule (-1 = steps)"),
+  "cosine_learning_rate_final_fraction": Key(float, 0.1, "final learning rate as a fraction of the peak"),
+  "adam_b1": Key(float, 0.9, "AdamW beta1"),
+  "adam_b2": Key(float, 0.95, "AdamW beta2"),
+  "adam_eps": Key(float, 1e-8, "AdamW epsilon"),
+  "adam_weight_decay": Key(float, 0.1, "AdamW decoupled weight decay"),
+  "gradient_clipping_threshold": Key(float, 1.0, "clip gradients to this global norm (0 = off)"),
+  # -- precision
+  "dtype": Key(str, "bfloat16", "activation / compute dtype", ("bfloat16", "float32", "float16")),
+  "weight_dtype": Key(str, "float32", "parameter (master weight) dtype", ("float32", "bfloat16")),
+  "quantization": Key(str, "", "precision recipe of the MLP GEMMs ('' = BF16)", tuple([""] + recipe_names())),
+  "quantization_scope": Key(
+    str,
+    "mlp",
+    "GEMMs that run `quantization`: mlp (the published recipe) or "
+    "all_dense (attention q/k/v/o projections too, MaxText's behaviour)",
+    ("mlp", "all_dense"),
+  ),
+  "attention_quantization": Key(
+    str,
+    "",
+    "recipe of the attention q/k/v/o projections when quantization_scope=mlp ('' = BF16)",
+    tuple([""] + recipe_names()),
+  ),
+  "quantization_bf16_first_layers": Key(int, 0, "keep this many first decoder layers unquantized (BF16)"),
+  "quantization_bf16_last_layers": Key(int, 0, "keep this many last decoder layers unquantized (BF16)"),
+  "high_precision_from_step": Key(int, -1, "run every GEMM in BF16 from this step on (-1 = never)"),
+  "quantization_backend": Key(
+    str,
+    "auto",
+    "auto: Transformer Engine where it can run the recipe, else xla where "
+    "its block-scaled dot is a native FP4 GEMM (SM100+), else emulate; te; xla "
+    "(jax.nn.scaled_matmul on our NVFP4 operands, NVIDIA GPUs); emulate (pure JAX)",
+    ("auto", "te", "xla", "emulate"),
+  ),
+  "quantization_kernels": Key(
+    str,
+    "auto",
+    "operand quantizers of the emulated backend: auto (Pallas Triton "
+    "kernels on a single NVIDIA GPU, else xla), pallas, xla (the portable XLA path, "
+    "same bits)",
+    ("auto", "pallas", "xla"),
+  ),
+  "disable_rht": Key(bool, False, "NVFP4: no Random Hadamard Transform on the wgrad operands"),
+  "disable_stochastic_rounding": Key(bool, False, "NVFP4: round gradients to nearest instead of stochastically"),
+  "disable_2d_quantization": Key(bool, False, "NVFP4: 1x16 blocks for weights instead of 16x16 tiles"),
+  "nvfp4_4over6": Key(
+    str,
+    "none",
+    "NVFP4: Four Over Six block scaling (each block quantized with its max mapped "
+    "to 6 and to 4, the one with the smaller error kept; global scale 6*256/amax) on the weights "
+    "(w), activations (x), gradients (dy) or all of them (TE's name; TE's 'all' leaves gradients "
+    "out)",
+    ("none", "weights", "activations", "gradients", "all"),
+  ),
+  "nvfp4_4over6_err_mode": Key(
+    str,
+    "mse",
+    "NVFP4 Four Over Six: the block error that picks 4 or 6: mse (sum of "
+    "squares, the paper's) or mae (sum of magnitudes, TE's default)",
+    ("mse", "mae"),
+  ),
+  "nvfp4_backward_override": Key(
+    str,
+    "none",
+    "NVFP4: quantize fprop only; dgrad and wgrad in the compute dtype "
+    "on the unquantized x, w, dy (high_precision) or on the forward's quantized x and "
+    "w, dequantized, with unquantized dy (dequantized); TE's backward_override",
+    ("none", "high_precision", "dequantized"),
+  ),
+  "amax_history_len": Key(
+    int, 1024, "FP8 delayed scaling (te_fp8_delayedscaling): steps of amax history per GEMM operand"
+  ),
+  "amax_compute_algo": Key(
+    str, "max", "FP8 delayed scaling: scale from the history's max or its most recent amax", ("max", "most_recent")
+  ),
+  "quantization_stats_period": Key(
+    int,
+    0,
+    "every N steps log, per GEMM kind and operand, the relative "
+    "quantization error and the fractions of saturated and all-zero (underflowed) "
+    "blocks to metrics.jsonl/TensorBoard as quant/<gemm>/<operand>/<stat> (0 = off)",
+  ),
+  # -- model
+  "model_name": Key(str, "llama3", "model family label (informational)"),
+  "base_emb_dim": Key(int, 2048, "model (embedding) width"),
+  "base_num_query_heads": Key(int, 16, "attention query heads"),
+  "base_num_kv_heads": Key(int, 8, "attention key/value heads (grouped-query attention)"),
+  "head_dim": Key(int, 128, "width of one attention head"),
+  "base_mlp_dim": Key(int, 7168, "SwiGLU hidden width"),
+  "base_num_decoder_layers": Key(int, 16, "decoder layers"),
+  "vocab_size": Key(int, 32000, "vocabulary size (embedding rows and lm head columns)"),
+  "logits_via_embedding": Key(
+    bool,
+    False,
+    "the lm head is the embedding's transpose (tied embeddings, as Llama "
+    "3.2 1B/3B; no lm_head parameter); MaxText's key, without its Gemma-style "
+    "normalize_embedding_logits",
+  ),
+  "mlp_activations": Key(list, ["silu", "linear"], "gated MLP activations: [gate, up]"),
+  "normalization_layer_epsilon": Key(float, 1e-5, "RMSNorm epsilon"),
+  "rope_max_timescale": Key(float, 500000.0, "RoPE base (theta)"),
+  "rope_type": Key(str, "default", "RoPE frequencies: default, or llama3.1 scaling", ("default", "llama3.1")),
+  "rope_scaling_factor": Key(float, 8.0, "llama3.1 RoPE: scale factor"),
+  "rope_low_freq_factor": Key(float, 1.0, "llama3.1 RoPE: low-frequency factor"),
+  "rope_high_freq_factor": Key(float, 4.0, "llama3.1 RoPE: high-frequency factor"),
+  "rope_original_max_position": Key(int, 8192, "llama3.1 RoPE: original context length"),
+  "scan_layers": Key(bool, True, "run the decoder layers with lax.scan (one compiled layer)"),
+  "remat_policy": Key(
+    str,
+    "full",
+    "activation rematerialization per layer: none, full (recompute the layer), "
+    "minimal (keep the q/k/v/o and MLP GEMM outputs), +_with_context (and the attention "
+    "output, with cuDNN its softmax statistics too), +_with_quantization (and the quantized "
+    "operands the backward GEMMs reuse)",
+    (
+      "none",
+      "minimal",
+      "minimal_with_context",
+      "minimal_with_quantization",
+      "minimal_with_context_and_quantization",
+      "full",
+    ),
+  ),
+  "attention": Key(
+    str, "dot_product", "attention kernel: XLA dot_product, or cuDNN flash on GPU", ("dot_product", "cudnn_flash")
+  ),
+  "num_vocab_tiling": Key(
+    int,
+    1,
+    "compute the lm head and its cross-entropy in this many tiles of the sequence, "
+    "gradients included, so the [tokens, vocab] f32 logits are never whole in memory "
+    "(1 = off; must divide max_target_length)",
+  ),
+  # -- distribution
+  "hardware": Key(
+    str,
+    "cpu",
+    "cpu (one process; NNODES>1 with JAX_COORDINATOR_IP for CPU multi-process), gpu (one "
+    "process per node from JAX_COORDINATOR_IP/PORT, NNODES, NODE_RANK) or gpu_multiprocess (one "
+    "process per GPU, Slurm detected)",
+    ("cpu", "gpu", "gpu_multiprocess"),
+  ),
+  "jax_distributed_initialization_timeout": Key(int, 300, "seconds to wait for all processes to join"),
+  **{
+    f"ici_{axis}_parallelism": Key(
+      int, -1 if axis == "fsdp" else 1, f"{axis} parallelism within a node (-1 = the remaining devices)"
+    )
+    for axis in ("data", "fsdp", "context", "tensor")
+  },
+  **{
+    f"dcn_{axis}_parallelism": Key(
+      int, -1 if axis == "data" else 1, f"{axis} parallelism across nodes/processes (-1 = the remaining processes)"
+    )
+    for axis in ("data", "fsdp", "context", "tensor")
+  },
+  "gpu_type": Key(
+    str,
+    "",
+    "target GPU for the memory check (dry_run and preflight): its published HBM less "
+    "10% headroom for XLA workspace, NCCL buffers and fragmentation ('' = the local device)",
+    ("", "h100", "h200", "b200", "gb200", "b300", "gb300"),
+  ),
+  "num_devices": Key(int, 0, "dry_run: the device count to plan for (0 = the ici/dcn product, else local)"),
+  # -- data
+  "dataset_type": Key(
+    str,
+    "synthetic",
+    "input pipeline: synthetic (a seeded Markov chain), grain (ArrayRecord "
+    "files) or tfds (a TFDS dataset directory read through its ArrayRecord data source)",
+    ("synthetic", "grain", "tfds"),
+  ),
+  "grain_train_files": Key(str, "", "grain: glob of the training ArrayRecord shards"),
+  "grain_eval_files": Key(str, "", "grain: glob of the eval ArrayRecord shards ('' = no eval data)"),
+  "grain_record_format": Key(
+    str,
+    "text",
+    "grain/tfds: records are UTF-8 text (tokenized on the fly) or token_ids (int32 little-endian)",
+    ("text", "token_ids"),
+  ),
+  "grain_worker_count": Key(
+    int,
+    0,
+    "grain/tfds: worker processes reading the training data, each its own share "
+    "of the documents (0 = read in the training process; eval always reads there)",
+  ),
+  "packing": Key(
+    bool,
+    True,
+    "grain/tfds: pack several documents into each row (attention masked per document); "
+    "false: one document piece per row, right-padded, attention causal only. Synthetic data is "
+    "never packed",
+  ),
+  "grain_max_pieces_per_document": Key(
+    int, 4096, "grain/tfds: a document longer than this many sequences of max_target_length is an error naming it"
+  ),
+  "dataset_path": Key(str, "", "tfds: the data_dir holding <dataset_name>/<version>/"),
+  "dataset_name": Key(str, "", "tfds: dataset name"),
+  "train_split": Key(str, "train", "tfds: training split"),
+  "eval_split": Key(str, "", "tfds: eval split ('' = no eval data)"),
+  "tokenizer_type": Key(
+    str,
+    "byte",
+    "byte (UTF-8 bytes, no file), huggingface (tokenizer.json), tiktoken (a Llama 3 tokenizer.model) or sentencepiece",
+    ("byte", "huggingface", "tiktoken", "sentencepiece"),
+  ),
+  "tokenizer_path": Key(str, "", "the tokenizer file (not needed for byte)"),
+  "eval_interval": Key(int, 0, "evaluate every this many steps and at the end (0 = never)"),
+  "eval_steps": Key(int, 10, "batches per evaluation (fewer if the eval split runs out)"),
+  # -- checkpoints
+  "enable_checkpointing": Key(
+    bool,
+    False,
+    "save Orbax checkpoints under base_output_directory/run_name/checkpoints and resume from the latest one when rerun",
+  ),
+  "async_checkpointing": Key(bool, True, "write checkpoints in the background while training goes on"),
+  "checkpoint_period": Key(int, 100, "save every this many steps (and when training ends or is preempted)"),
+  "max_num_checkpoints_to_keep": Key(int, 3, "keep the newest this many checkpoints (0 = all)"),
+  "load_parameters_path": Key(
+    str,
+    "",
+    "start from these parameters (fresh optimizer, step 0): a checkpoint step "
+    "directory (<run dir>/checkpoints/<step>, an import's checkpoints/0) or a Hugging Face "
+    "Llama directory, read directly (each process reads its devices' slices)",
+  ),
+  "load_full_state_path": Key(
+    str, "", "start from this checkpoint step directory: parameters, optimizer state, step and data position"
+  ),
+  # -- decode (python -m MaxText.decode; MaxText's keys)
+  "prompt": Key(
+    str,
+    "I love to",
+    "decode: the prompt, encoded as the tokenizer encodes it (a tokenizer.json's own post-processor decides BOS)",
+  ),
+  "prompts_file": Key(
+    str,
+    "",
+    "decode: a UTF-8 file of prompts, one per line, decoded in batches of "
+    "per_device_batch_size x devices (instead of prompt)",
+  ),
+  "decode_output_file": Key(
+    str,
+    "",
+    "decode: write one JSON line per prompt here (prompt, prompt_ids, "
+    "completion_ids, completion, prefill and decode tokens/s)",
+  ),
+  "max_prefill_predict_length": Key(
+    int, 64, "decode: the longest prompt in tokens; prompts are prefilled at once, padded to this length"
+  ),
+  "decode_sampling_strategy": Key(
+    str,
+    "greedy",
+    "decode: greedy (argmax), weighted (sample the softmax), topk "
+    "(sample the top decode_sampling_top_k) or nucleus (sample the smallest set "
+    "holding decode_sampling_nucleus_p of the probability)",
+    ("greedy", "weighted", "topk", "nucleus"),
+  ),
+  "decode_sampling_temperature": Key(float, 1.0, "decode: logits are divided by this before sampling"),
+  "decode_sampling_top_k": Key(int, 0, "decode: k of decode_sampling_strategy=topk"),
+  "decode_sampling_nucleus_p": Key(float, -1.0, "decode: p of decode_sampling_strategy=nucleus, in (0, 1]"),
 }
 
 
-INT32_MAX = 2 ** 31 - 1  # steps, positions and sizes reach int32 arrays and XLA shapes
+INT32_MAX = 2**31 - 1  # steps, positions and sizes reach int32 arrays and XLA shapes
 MESH_AXES = ("data", "fsdp", "context", "tensor")
 
 
 @dataclasses.dataclass(frozen=True)
 class Span:
   """A numeric key's valid values: low..high, each end closed unless marked open."""
+
   low: float
   high: float
   low_open: bool = False
@@ -220,7 +348,7 @@ class Span:
 
   def describe(self, v):
     """'> 0', '>= 0', 'at most 2147483647' or 'in [0, 1)': what `v` violates."""
-    if self.high in (INT32_MAX, 2 ** 32 - 1, math.inf) and v > self.low:
+    if self.high in (INT32_MAX, 2**32 - 1, math.inf) and v > self.low:
       return f"at most {self.high}"
     low, high = _number(self.low), _number(self.high)
     if self.high in (INT32_MAX, math.inf):
@@ -236,33 +364,84 @@ _COUNT, _NONNEGATIVE, _OR_MINUS_1 = Span(1, INT32_MAX), Span(0, INT32_MAX), Span
 _POSITIVE, _NONNEGATIVE_REAL, _FRACTION = Span(0, math.inf, low_open=True), Span(0, math.inf), Span(0, 1)
 # Every numeric key's range; unlisted int keys take [-INT32_MAX, INT32_MAX], unlisted floats any finite value.
 RANGES = {
-    **{n: _COUNT for n in ("steps", "log_period", "profiler_steps", "max_target_length", "gradient_accumulation_steps",
-                           "amax_history_len", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads",
-                           "head_dim", "base_mlp_dim", "base_num_decoder_layers", "vocab_size",
-                           "rope_original_max_position", "jax_distributed_initialization_timeout",
-                           "grain_max_pieces_per_document", "eval_steps", "checkpoint_period", "num_vocab_tiling",
-                           "max_prefill_predict_length")},
-    **{n: _NONNEGATIVE for n in ("skip_first_n_steps_for_profiler", "quantization_bf16_first_layers",
-                                 "quantization_bf16_last_layers", "quantization_stats_period", "num_devices",
-                                 "eval_interval", "max_num_checkpoints_to_keep", "data_prefetch_depth",
-                                 "decode_sampling_top_k")},
-    **{n: _OR_MINUS_1 for n in ("warmup_steps", "learning_rate_schedule_steps", "high_precision_from_step")},
-    **{f"{k}_{a}_parallelism": _OR_MINUS_1 for k in ("ici", "dcn") for a in MESH_AXES},
-    "seed": Span(0, 2 ** 32 - 1),  # grain's shuffle and numpy's generators take unsigned 32-bit seeds
-    "grain_worker_count": Span(0, 1024),  # processes
-    **{n: _NONNEGATIVE_REAL for n in ("hardware_memory_gib", "learning_rate", "adam_weight_decay",
-                                      "gradient_clipping_threshold")},
-    **{n: _FRACTION for n in ("warmup_steps_fraction", "cosine_learning_rate_final_fraction")},
-    **{n: Span(0, 1, high_open=True) for n in ("adam_b1", "adam_b2")},
-    **{n: _POSITIVE for n in ("adam_eps", "normalization_layer_epsilon", "rope_max_timescale", "rope_scaling_factor",
-                              "rope_low_freq_factor", "rope_high_freq_factor", "decode_sampling_temperature")},
-    "per_device_batch_size": Span(0, INT32_MAX, low_open=True),
+  **{
+    n: _COUNT
+    for n in (
+      "steps",
+      "log_period",
+      "profiler_steps",
+      "max_target_length",
+      "gradient_accumulation_steps",
+      "amax_history_len",
+      "base_emb_dim",
+      "base_num_query_heads",
+      "base_num_kv_heads",
+      "head_dim",
+      "base_mlp_dim",
+      "base_num_decoder_layers",
+      "vocab_size",
+      "rope_original_max_position",
+      "jax_distributed_initialization_timeout",
+      "grain_max_pieces_per_document",
+      "eval_steps",
+      "checkpoint_period",
+      "num_vocab_tiling",
+      "max_prefill_predict_length",
+    )
+  },
+  **{
+    n: _NONNEGATIVE
+    for n in (
+      "skip_first_n_steps_for_profiler",
+      "quantization_bf16_first_layers",
+      "quantization_bf16_last_layers",
+      "quantization_stats_period",
+      "num_devices",
+      "eval_interval",
+      "max_num_checkpoints_to_keep",
+      "data_prefetch_depth",
+      "decode_sampling_top_k",
+    )
+  },
+  **{n: _OR_MINUS_1 for n in ("warmup_steps", "learning_rate_schedule_steps", "high_precision_from_step")},
+  **{f"{k}_{a}_parallelism": _OR_MINUS_1 for k in ("ici", "dcn") for a in MESH_AXES},
+  "seed": Span(0, 2**32 - 1),  # grain's shuffle and numpy's generators take unsigned 32-bit seeds
+  "grain_worker_count": Span(0, 1024),  # processes
+  **{
+    n: _NONNEGATIVE_REAL
+    for n in ("hardware_memory_gib", "learning_rate", "adam_weight_decay", "gradient_clipping_threshold")
+  },
+  **{n: _FRACTION for n in ("warmup_steps_fraction", "cosine_learning_rate_final_fraction")},
+  **{n: Span(0, 1, high_open=True) for n in ("adam_b1", "adam_b2")},
+  **{
+    n: _POSITIVE
+    for n in (
+      "adam_eps",
+      "normalization_layer_epsilon",
+      "rope_max_timescale",
+      "rope_scaling_factor",
+      "rope_low_freq_factor",
+      "rope_high_freq_factor",
+      "decode_sampling_temperature",
+    )
+  },
+  "per_device_batch_size": Span(0, INT32_MAX, low_open=True),
 }
 # Paths get ~ and $VARIABLES expanded as a shell would and are made absolute against the directory the command was
 # started in, once, when the config is loaded: nothing later (a subprocess, Orbax, a data worker) can read them
 # against another directory.
-PATH_KEYS = ("base_output_directory", "grain_train_files", "grain_eval_files", "dataset_path", "tokenizer_path",
-             "load_parameters_path", "load_full_state_path", "jax_cache_dir", "prompts_file", "decode_output_file")
+PATH_KEYS = (
+  "base_output_directory",
+  "grain_train_files",
+  "grain_eval_files",
+  "dataset_path",
+  "tokenizer_path",
+  "load_parameters_path",
+  "load_full_state_path",
+  "jax_cache_dir",
+  "prompts_file",
+  "decode_output_file",
+)
 _VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -287,8 +466,10 @@ def expand_path(name, value, where):
   expanded = os.path.expanduser(os.path.expandvars(value))
   unset = _VARIABLE.search(expanded)
   if unset:
-    raise ConfigError(f"{where}: {name}={value!r}: the environment variable {unset.group(1).strip('{}')} is not "
-                      "set; set it or write the path out")
+    raise ConfigError(
+      f"{where}: {name}={value!r}: the environment variable {unset.group(1).strip('{}')} is not "
+      "set; set it or write the path out"
+    )
   return absolute_path(expanded)
 
 
@@ -317,7 +498,7 @@ def coerce(name, value, where):
       if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
         raise ValueError
       out = int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
-      if not -2**63 <= out < 2**63:
+      if not -(2**63) <= out < 2**63:
         raise ConfigError(f"{where}: {name}={value!r} is out of range (a 64-bit integer)")
     elif key.type is float:
       if isinstance(value, bool):

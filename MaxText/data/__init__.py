@@ -18,11 +18,16 @@ def make_iterator(cfg, run_shape, process_index=0, process_count=1) -> DataItera
     if eval_iter is not None:
       eval_iter.close()
   if cfg.dataset_type == "synthetic":
-    return SyntheticIterator(cfg, run_shape.global_batch_size, seed=cfg.seed, process_index=process_index,
-                             process_count=process_count)
-  return grain_pipeline.GrainIterator(cfg, grain_pipeline.train_source(cfg),
-                                      run_shape.global_batch_size // process_count,
-                                      process_index=process_index, process_count=process_count)
+    return SyntheticIterator(
+      cfg, run_shape.global_batch_size, seed=cfg.seed, process_index=process_index, process_count=process_count
+    )
+  return grain_pipeline.GrainIterator(
+    cfg,
+    grain_pipeline.train_source(cfg),
+    run_shape.global_batch_size // process_count,
+    process_index=process_index,
+    process_count=process_count,
+  )
 
 
 def make_eval_iterator(cfg, run_shape, process_index=0, process_count=1):
@@ -31,14 +36,32 @@ def make_eval_iterator(cfg, run_shape, process_index=0, process_count=1):
   An eval split that yields no tokens (for this process) is a DataError here, never an eval loss of 0.
   """
   if cfg.dataset_type == "synthetic":
-    return SyntheticIterator(cfg, run_shape.global_batch_size, seed=cfg.seed + 1_000_003,
-                             process_index=process_index, process_count=process_count)
+    return SyntheticIterator(
+      cfg,
+      run_shape.global_batch_size,
+      seed=cfg.seed + 1_000_003,
+      process_index=process_index,
+      process_count=process_count,
+    )
   source = grain_pipeline.eval_source(cfg)
   if source is None:
     return None
-  return grain_pipeline.GrainIterator(cfg, source, run_shape.global_batch_size // process_count, train=False,
-                                      process_index=process_index, process_count=process_count)
+  return grain_pipeline.GrainIterator(
+    cfg,
+    source,
+    run_shape.global_batch_size // process_count,
+    train=False,
+    process_index=process_index,
+    process_count=process_count,
+  )
 
 
-__all__ = ["Batch", "DataError", "DataIterator", "SyntheticIterator", "TokenizerError", "make_eval_iterator",
-           "make_iterator"]
+__all__ = [
+  "Batch",
+  "DataError",
+  "DataIterator",
+  "SyntheticIterator",
+  "TokenizerError",
+  "make_eval_iterator",
+  "make_iterator",
+]

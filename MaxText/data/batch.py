@@ -8,6 +8,7 @@ import numpy as np
 
 class Batch(typing.NamedTuple):
   """Packed next-token batch, each [B, L]: `weights` 1 for real target tokens, 0 for padding."""
+
   inputs: np.ndarray  # int32 token ids
   targets: np.ndarray  # int32: inputs shifted by one
   positions: np.ndarray  # int32 position within its segment
@@ -19,8 +20,7 @@ class DataIterator(abc.ABC):
   """An iterator of Batch with a saveable position (for exact resume)."""
 
   @abc.abstractmethod
-  def __next__(self) -> Batch:
-    ...
+  def __next__(self) -> Batch: ...
 
   def __iter__(self):
     return self
@@ -30,8 +30,7 @@ class DataIterator(abc.ABC):
     """JSON-serialisable position."""
 
   @abc.abstractmethod
-  def set_state(self, state: dict) -> None:
-    ...
+  def set_state(self, state: dict) -> None: ...
 
   def close(self) -> None:
     """Release worker processes and buffers (also done when the iterator is garbage collected)."""

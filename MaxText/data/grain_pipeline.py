@@ -32,14 +32,23 @@ class _Tokenize(grain.transforms.Map):
   def map(self, element):
     index, document = element
     tok = self.tokenizer
-    ids = document if tok is None else np.asarray(
-        ([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(document)
-        + ([tok.eos_id] if tok.eos_id is not None else []), np.int32)
+    ids = (
+      document
+      if tok is None
+      else np.asarray(
+        ([tok.bos_id] if tok.bos_id is not None else [])
+        + tok.encode(document)
+        + ([tok.eos_id] if tok.eos_id is not None else []),
+        np.int32,
+      )
+    )
     pieces = -(-(ids.size - 1) // self.length)
     if pieces > self.max_pieces:
-      raise DataError(f"{self.records.where(index)} is a document of {ids.size} tokens: {pieces} sequences of "
-                      f"max_target_length={self.length}, more than grain_max_pieces_per_document={self.max_pieces}; "
-                      "raise it or split such documents")
+      raise DataError(
+        f"{self.records.where(index)} is a document of {ids.size} tokens: {pieces} sequences of "
+        f"max_target_length={self.length}, more than grain_max_pieces_per_document={self.max_pieces}; "
+        "raise it or split such documents"
+      )
     return ids
 
 
@@ -51,8 +60,9 @@ class _Split(grain_exp.FlatMapTransform):
 
   def flat_map(self, ids):
     ends = [min(s + self.length, len(ids) - 1) for s in range(0, len(ids) - 1, self.length)]
-    return [{"inputs": ids[e - min(self.length, e):e], "targets": ids[e - min(self.length, e) + 1:e + 1]}
-            for e in ends]
+    return [
+      {"inputs": ids[e - min(self.length, e) : e], "targets": ids[e - min(self.length, e) + 1 : e + 1]} for e in ends
+    ]
 
 
 class _Documents(grain.IterDataset):
@@ -83,10 +93,12 @@ class _Documents(grain.IterDataset):
     raise DataError(self._no_tokens(len(self._docs)))
 
   def _no_tokens(self, count):
-    return (f"{self._what}: none of the {count} documents {self._reader} reads has 2 or more tokens (BOS/EOS "
-            "included), so no sequence can be made from them; check grain_record_format and the tokenizer, or "
-            "regenerate the data with scripts/prepare_data.py" + (
-                "; or lower grain_worker_count" if "worker" in self._reader else ""))
+    return (
+      f"{self._what}: none of the {count} documents {self._reader} reads has 2 or more tokens (BOS/EOS "
+      "included), so no sequence can be made from them; check grain_record_format and the tokenizer, or "
+      "regenerate the data with scripts/prepare_data.py"
+      + ("; or lower grain_worker_count" if "worker" in self._reader else "")
+    )
 
   def __iter__(self):
     docs, count = self._docs, len(self._docs)
@@ -130,20 +142,29 @@ class _PadPiece(grain.transforms.Map):
     n = len(piece["inputs"])
     pad = lambda a: np.pad(np.asarray(a, np.int32), (0, self.length - n))
     segments = pad(np.ones(n))
-    return {"inputs": pad(piece["inputs"]), "targets": pad(piece["targets"]), "inputs_positions": pad(np.arange(n)),
-            "inputs_segment_ids": segments, "targets_segment_ids": segments}
+    return {
+      "inputs": pad(piece["inputs"]),
+      "targets": pad(piece["targets"]),
+      "inputs_positions": pad(np.arange(n)),
+      "inputs_segment_ids": segments,
+      "targets_segment_ids": segments,
+    }
 
 
 def _to_batch(packed):
-  return Batch(inputs=packed["inputs"].astype(np.int32), targets=packed["targets"].astype(np.int32),
-               positions=packed["inputs_positions"].astype(np.int32),
-               segment_ids=packed["inputs_segment_ids"].astype(np.int32),
-               weights=(packed["targets_segment_ids"] != 0).astype(np.float32))
+  return Batch(
+    inputs=packed["inputs"].astype(np.int32),
+    targets=packed["targets"].astype(np.int32),
+    positions=packed["inputs_positions"].astype(np.int32),
+    segment_ids=packed["inputs_segment_ids"].astype(np.int32),
+    weights=(packed["targets_segment_ids"] != 0).astype(np.float32),
+  )
 
 
 def _absl_flags_parsed():
   """grain's worker processes read absl flags: a program that never parsed any must say so (defaults)."""
   from absl import flags  # pylint: disable=import-outside-toplevel
+
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
 
@@ -160,13 +181,24 @@ class GrainIterator(DataIterator):
     if cfg.grain_record_format == "text":
       tokenizer = tokenizers.load(cfg.tokenizer_type, cfg.tokenizer_path, cfg.vocab_size)
     length = cfg.max_target_length
-    documents = _Documents(records, _Tokenize(records, tokenizer, length, cfg.grain_max_pieces_per_document),
-                           seed=cfg.seed, train=train, process_index=process_index, process_count=process_count)
+    documents = _Documents(
+      records,
+      _Tokenize(records, tokenizer, length, cfg.grain_max_pieces_per_document),
+      seed=cfg.seed,
+      train=train,
+      process_index=process_index,
+      process_count=process_count,
+    )
     documents.check_has_tokens()
     ds = grain_exp.FlatMapIterDataset(documents, _Split(length, max_fan_out=cfg.grain_max_pieces_per_document))
     if cfg.packing:
-      ds = grain_exp.FirstFitPackIterDataset(ds, length_struct={"inputs": length, "targets": length},
-                                             num_packing_bins=PACKING_BINS, seed=cfg.seed, shuffle_bins=train)
+      ds = grain_exp.FirstFitPackIterDataset(
+        ds,
+        length_struct={"inputs": length, "targets": length},
+        num_packing_bins=PACKING_BINS,
+        seed=cfg.seed,
+        shuffle_bins=train,
+      )
     else:  # one piece per row: the model then attends causally with no per-document mask
       ds = ds.map(_PadPiece(length))
     ds = ds.batch(batch_size, drop_remainder=train).map(_to_batch)
@@ -221,9 +253,11 @@ class GrainIterator(DataIterator):
     except Exception as e:  # grain's KeyError/IndexError/ValueError for a state of another pipeline
       if _data_error_in(e) is not None:
         raise DataError(str(_data_error_in(e))) from None
-      raise DataError(f"the checkpoint's data position doesn't fit this data pipeline ({type(e).__name__} "
-                      f"{reason(e)}); resume with the data, grain_worker_count and process count it was saved "
-                      "with, or start from its parameters with load_parameters_path") from None
+      raise DataError(
+        f"the checkpoint's data position doesn't fit this data pipeline ({type(e).__name__} "
+        f"{reason(e)}); resume with the data, grain_worker_count and process count it was saved "
+        "with, or start from its parameters with load_parameters_path"
+      ) from None
 
 
 def _close(iterator, guard):
@@ -263,5 +297,8 @@ def eval_source(cfg):
   """The eval split's records, or None when the config names none."""
   if cfg.dataset_type == "tfds":
     return tfds_source(cfg, cfg.eval_split, "eval_split") if cfg.eval_split else None
-  return (array_record_source(cfg.grain_eval_files, "grain_eval_files", cfg.grain_record_format, cfg.vocab_size)
-          if cfg.grain_eval_files else None)
+  return (
+    array_record_source(cfg.grain_eval_files, "grain_eval_files", cfg.grain_record_format, cfg.vocab_size)
+    if cfg.grain_eval_files
+    else None
+  )

@@ -44,14 +44,18 @@ def decode(record, record_format, vocab_size):
 def _text(record):
   nul = record.count(0)
   if record and nul >= NUL_SHARE_OF_TOKEN_IDS * len(record):
-    raise DataError(f"is not text: {nul} of its {len(record)} bytes are NUL, as in int32 token ids; if the shards "
-                    "hold token ids set grain_record_format=token_ids (prepare_data.py --pretokenize writes them "
-                    "with a metadata.json saying so)")
+    raise DataError(
+      f"is not text: {nul} of its {len(record)} bytes are NUL, as in int32 token ids; if the shards "
+      "hold token ids set grain_record_format=token_ids (prepare_data.py --pretokenize writes them "
+      "with a metadata.json saying so)"
+    )
   try:
     return record.decode("utf-8")
   except UnicodeDecodeError as e:
-    raise DataError(f"is not UTF-8 text (byte {e.start} is {record[e.start:e.start + 1]!r}); convert the text to "
-                    "UTF-8 and rerun scripts/prepare_data.py") from None
+    raise DataError(
+      f"is not UTF-8 text (byte {e.start} is {record[e.start : e.start + 1]!r}); convert the text to "
+      "UTF-8 and rerun scripts/prepare_data.py"
+    ) from None
 
 
 def _reads_as_text(record):
@@ -68,8 +72,9 @@ def _token_ids(record, vocab_size):
   ids = np.frombuffer(record, "<i4")
   if ids.size and (ids.max() >= vocab_size or ids.min() < 0):
     bad = int(ids.max()) if ids.max() >= vocab_size else int(ids.min())
-    raise DataError(f"token id {bad} is outside [0, vocab_size={vocab_size})"
-                    f"{hint or '; set vocab_size or re-tokenize the data'}")
+    raise DataError(
+      f"token id {bad} is outside [0, vocab_size={vocab_size}){hint or '; set vocab_size or re-tokenize the data'}"
+    )
   return ids
 
 
@@ -91,8 +96,10 @@ class Records:
     try:
       record = self._source[index]
     except Exception as e:  # array_record: RuntimeError "Corrupted Riegeli/records file: ... hash mismatch"
-      raise DataError(f"{self.where(index)} can't be read ({reason(e)}): the shard is damaged; regenerate it "
-                      "with scripts/prepare_data.py, or leave it out of the glob") from None
+      raise DataError(
+        f"{self.where(index)} can't be read ({reason(e)}): the shard is damaged; regenerate it "
+        "with scripts/prepare_data.py, or leave it out of the glob"
+      ) from None
     try:
       return index, decode(record, self.record_format, self.vocab_size)
     except DataError as e:
@@ -124,12 +131,15 @@ def array_record_source(pattern, what, record_format, vocab_size):
     try:
       counts.append(len(grain.sources.ArrayRecordDataSource([path])))
     except Exception as e:  # array_record raises RuntimeError/ValueError/OSError for damaged files
-      raise DataError(f"{what}: {path} is not a readable ArrayRecord shard ({reason(e)}); regenerate the shards "
-                      "with scripts/prepare_data.py") from None
+      raise DataError(
+        f"{what}: {path} is not a readable ArrayRecord shard ({reason(e)}); regenerate the shards "
+        "with scripts/prepare_data.py"
+      ) from None
     if not counts[-1]:
       raise DataError(f"{what}: {path} holds no records; remove it or regenerate the shards")
-  records = Records(grain.sources.ArrayRecordDataSource(paths), list(zip(paths, counts)), what, record_format,
-                    vocab_size)
+  records = Records(
+    grain.sources.ArrayRecordDataSource(paths), list(zip(paths, counts)), what, record_format, vocab_size
+  )
   records.check_shards()
   return records
 
@@ -145,25 +155,35 @@ def _check_record_format(directory, what, record_format):
   except (OSError, ValueError, AttributeError) as e:
     raise DataError(f"{what}: can't read {path} ({e}); fix or remove it") from None
   if written and written != record_format:
-    raise DataError(f"{what}: the shards in {directory} hold {written} records ({path}) but "
-                    f"grain_record_format={record_format}; set grain_record_format={written}")
+    raise DataError(
+      f"{what}: the shards in {directory} hold {written} records ({path}) but "
+      f"grain_record_format={record_format}; set grain_record_format={written}"
+    )
 
 
 def tfds_source(cfg, split, what):
   """Records of a TFDS split read through its ArrayRecord data source (no TensorFlow at run time)."""
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
   root = pathlib.Path(cfg.dataset_path) / cfg.dataset_name
   versions = sorted(p for p in root.glob("*") if (p / "dataset_info.json").is_file()) if root.is_dir() else []
   if not versions:
-    raise DataError(f"dataset_path={cfg.dataset_path!r}, dataset_name={cfg.dataset_name!r}: no TFDS dataset "
-                    f"(no {root}/<version>/dataset_info.json); run scripts/prepare_data.py --tfds")
+    raise DataError(
+      f"dataset_path={cfg.dataset_path!r}, dataset_name={cfg.dataset_name!r}: no TFDS dataset "
+      f"(no {root}/<version>/dataset_info.json); run scripts/prepare_data.py --tfds"
+    )
   builder = tfds.builder_from_directory(str(versions[-1]))
   if split not in builder.info.splits:
     raise DataError(f"{cfg.dataset_name}: no split {split!r}; it has {', '.join(builder.info.splits)}")
   source = builder.as_data_source(split)
   if not len(source):
     raise DataError(f"{cfg.dataset_name} split {split!r} holds no records")
-  records = Records(source, [(f"{cfg.dataset_name} split {split!r} ({versions[-1]})", len(source))], what,
-                    cfg.grain_record_format, cfg.vocab_size)
+  records = Records(
+    source,
+    [(f"{cfg.dataset_name} split {split!r} ({versions[-1]})", len(source))],
+    what,
+    cfg.grain_record_format,
+    cfg.vocab_size,
+  )
   records.check_shards()
   return records

@@ -35,9 +35,13 @@ class SyntheticIterator(DataIterator):
     tokens = tokens.astype(np.int32)
     tokens = tokens[self.rows]
     shape = (tokens.shape[0], self.length)
-    return Batch(inputs=tokens[:, :-1], targets=tokens[:, 1:],
-                 positions=np.broadcast_to(np.arange(self.length, dtype=np.int32), shape).copy(),
-                 segment_ids=np.ones(shape, np.int32), weights=np.ones(shape, np.float32))
+    return Batch(
+      inputs=tokens[:, :-1],
+      targets=tokens[:, 1:],
+      positions=np.broadcast_to(np.arange(self.length, dtype=np.int32), shape).copy(),
+      segment_ids=np.ones(shape, np.int32),
+      weights=np.ones(shape, np.float32),
+    )
 
   def get_state(self):
     return {"step": self.step}

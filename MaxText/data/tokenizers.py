@@ -6,8 +6,10 @@ import pathlib
 from MaxText.errors import UserError
 
 # Llama 3's pre-tokenizer split (from Meta's reference tokenizer.py).
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_PATTERN = (
+  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+  r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 LLAMA3_NUM_RESERVED_SPECIAL = 256
 # Special tokens a trained tokenizer may use for document boundaries, most specific first.
 BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "[BOS]")
@@ -20,15 +22,25 @@ class TokenizerError(UserError, ValueError):
 
 def llama3_special_tokens():
   """Llama 3's 256 special tokens in id order (they follow the BPE ranks)."""
-  names = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
-           "<|reserved_special_token_2|>", "<|reserved_special_token_3|>", "<|start_header_id|>",
-           "<|end_header_id|>", "<|reserved_special_token_4|>", "<|eot_id|>"]
+  names = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|reserved_special_token_2|>",
+    "<|reserved_special_token_3|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|reserved_special_token_4|>",
+    "<|eot_id|>",
+  ]
   names += [f"<|reserved_special_token_{i}|>" for i in range(5, LLAMA3_NUM_RESERVED_SPECIAL - 5)]
   return names
 
 
 class Tokenizer:
   """text -> ids. `bos_id` / `eos_id` are None when the vocabulary has no such token."""
+
   vocab_size: int
   bos_id: int | None = None
   eos_id: int | None = None
@@ -46,6 +58,7 @@ class Tokenizer:
 
 class ByteTokenizer(Tokenizer):
   """UTF-8 bytes 0..255, then BOS 256 and EOS 257: needs no file."""
+
   vocab_size, bos_id, eos_id = 258, 256, 257
 
   def encode(self, text):
@@ -60,6 +73,7 @@ class HuggingFaceTokenizer(Tokenizer):
 
   def __init__(self, path):
     import tokenizers  # pylint: disable=import-outside-toplevel
+
     self._tok = tokenizers.Tokenizer.from_file(str(path))
     self.vocab_size = self._tok.get_vocab_size()
     vocab = self._tok.get_vocab()
@@ -85,6 +99,7 @@ class TiktokenTokenizer(Tokenizer):
 
   def __init__(self, path):
     import tiktoken  # pylint: disable=import-outside-toplevel
+
     ranks = {}
     for n, line in enumerate(pathlib.Path(path).read_text(encoding="ascii").splitlines(), 1):
       if not line.strip():
@@ -95,8 +110,9 @@ class TiktokenTokenizer(Tokenizer):
       except ValueError as e:
         raise TokenizerError(f"{path}:{n}: not a tiktoken BPE file (expected '<base64 token> <rank>' per line)") from e
     specials = {name: len(ranks) + i for i, name in enumerate(llama3_special_tokens())}
-    self._enc = tiktoken.Encoding(name=pathlib.Path(path).name, pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks,
-                                  special_tokens=specials)
+    self._enc = tiktoken.Encoding(
+      name=pathlib.Path(path).name, pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+    )
     self.vocab_size = len(ranks) + len(specials)
     self.bos_id, self.eos_id = specials["<|begin_of_text|>"], specials["<|end_of_text|>"]
 
@@ -112,6 +128,7 @@ class SentencePieceTokenizer(Tokenizer):
 
   def __init__(self, path):
     import sentencepiece  # pylint: disable=import-outside-toplevel
+
     self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
     self.vocab_size = self._sp.get_piece_size()
     self.bos_id = self._sp.bos_id() if self._sp.bos_id() >= 0 else None
@@ -124,8 +141,12 @@ class SentencePieceTokenizer(Tokenizer):
     return self._sp.decode(list(ids))
 
 
-TOKENIZERS = {"byte": ByteTokenizer, "huggingface": HuggingFaceTokenizer, "tiktoken": TiktokenTokenizer,
-              "sentencepiece": SentencePieceTokenizer}
+TOKENIZERS = {
+  "byte": ByteTokenizer,
+  "huggingface": HuggingFaceTokenizer,
+  "tiktoken": TiktokenTokenizer,
+  "sentencepiece": SentencePieceTokenizer,
+}
 
 
 def load(tokenizer_type: str, tokenizer_path: str = "", vocab_size: int | None = None) -> Tokenizer:
@@ -137,16 +158,22 @@ def load(tokenizer_type: str, tokenizer_path: str = "", vocab_size: int | None =
   else:
     path = pathlib.Path(tokenizer_path)
     if not tokenizer_path or not path.is_file():
-      raise TokenizerError(f"tokenizer_path={tokenizer_path!r}: no such file (tokenizer_type={tokenizer_type}); "
-                           "give the tokenizer file, or run scripts/prepare_data.py --train-tokenizer")
+      raise TokenizerError(
+        f"tokenizer_path={tokenizer_path!r}: no such file (tokenizer_type={tokenizer_type}); "
+        "give the tokenizer file, or run scripts/prepare_data.py --train-tokenizer"
+      )
     try:
       tok = TOKENIZERS[tokenizer_type](path)
     except TokenizerError:
       raise
     except Exception as e:  # the libraries raise assorted types for a wrong file
-      raise TokenizerError(f"tokenizer_path={tokenizer_path}: can't load it as {tokenizer_type} "
-                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+      raise TokenizerError(
+        f"tokenizer_path={tokenizer_path}: can't load it as {tokenizer_type} "
+        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+      ) from e
   if vocab_size is not None and tok.vocab_size > vocab_size:
-    raise TokenizerError(f"the {tokenizer_type} tokenizer has {tok.vocab_size} tokens but vocab_size={vocab_size}; "
-                         f"set vocab_size >= {tok.vocab_size}")
+    raise TokenizerError(
+      f"the {tokenizer_type} tokenizer has {tok.vocab_size} tokens but vocab_size={vocab_size}; "
+      f"set vocab_size >= {tok.vocab_size}"
+    )
   return tok

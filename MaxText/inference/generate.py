@@ -24,6 +24,7 @@ from MaxText.model.attention import KVCache
 @dataclasses.dataclass
 class Generation:
   """A batch's completions (ids, EOS included when reached) and timings (compilation excluded)."""
+
   completions: list
   prefill_seconds: float
   decode_seconds: float
@@ -35,8 +36,9 @@ class Generator:
   """Compiled prefill/step (use_cache) or full-recompute functions for `batch` rows of at most `prefill_length`
   prompt tokens in sequences of `length`, under the precision plan's layer ranges."""
 
-  def __init__(self, cfg, graphdef, rest, layer_ranges, batch, *, sampling=sampling_lib.Sampling(), eos_id=None,
-               use_cache=True):
+  def __init__(
+    self, cfg, graphdef, rest, layer_ranges, batch, *, sampling=sampling_lib.Sampling(), eos_id=None, use_cache=True
+  ):
     self.cfg, self.batch, self.eos_id, self.use_cache = cfg, batch, eos_id, use_cache
     self.length, self.prefill_length = cfg.max_target_length, cfg.max_prefill_predict_length
     rows = jnp.arange(batch)
@@ -75,15 +77,17 @@ class Generator:
     """Completions of `prompts` (lists of ids, exactly `batch` of them, each 1..prefill_length long)."""
     lengths = np.array([len(p) for p in prompts], np.int32)
     if len(prompts) != self.batch or lengths.min() < 1 or lengths.max() > self.prefill_length:
-      raise ValueError(f"{len(prompts)} prompts of {lengths.min()}..{lengths.max()} tokens for a batch of "
-                       f"{self.batch} and prefill length {self.prefill_length}")
+      raise ValueError(
+        f"{len(prompts)} prompts of {lengths.min()}..{lengths.max()} tokens for a batch of "
+        f"{self.batch} and prefill length {self.prefill_length}"
+      )
     tokens = np.zeros((self.batch, self.length), np.int32)
     for b, p in enumerate(prompts):
-      tokens[b, :len(p)] = p
+      tokens[b, : len(p)] = p
     base_key = jax.random.key(seed)
     key = lambda t: jax.random.fold_in(base_key, t)
     if self.use_cache:
-      args = (params, jnp.asarray(tokens[:, :self.prefill_length]), jnp.asarray(lengths), key(0))
+      args = (params, jnp.asarray(tokens[:, : self.prefill_length]), jnp.asarray(lengths), key(0))
       prefill = self._fn("prefill", *args)
       start = time.perf_counter()
       token, cache = jax.block_until_ready(prefill(*args))
@@ -116,7 +120,7 @@ class Generator:
       decoded += int((~done).sum())
     decode_seconds = time.perf_counter() - start
     ends = [self._end(tokens[b], lengths[b]) for b in range(self.batch)]
-    completions = [tokens[b, lengths[b]:ends[b]].tolist() for b in range(self.batch)]
+    completions = [tokens[b, lengths[b] : ends[b]].tolist() for b in range(self.batch)]
     return Generation(completions, prefill_seconds, decode_seconds, int(lengths.sum()), decoded)
 
   def _end(self, row, start):

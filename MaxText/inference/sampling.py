@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 class Sampling(typing.NamedTuple):
   """A strategy and its parameters (static: part of the compiled step)."""
+
   strategy: str = "greedy"
   temperature: float = 1.0
   top_k: int = 0
@@ -16,8 +17,12 @@ class Sampling(typing.NamedTuple):
 
 def from_config(cfg):
   """The config's decode_sampling_* keys."""
-  return Sampling(cfg.decode_sampling_strategy, cfg.decode_sampling_temperature, cfg.decode_sampling_top_k,
-                  cfg.decode_sampling_nucleus_p)
+  return Sampling(
+    cfg.decode_sampling_strategy,
+    cfg.decode_sampling_temperature,
+    cfg.decode_sampling_top_k,
+    cfg.decode_sampling_nucleus_p,
+  )
 
 
 def sample(logits_BxV, key, sampling: Sampling):

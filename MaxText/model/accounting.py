@@ -5,7 +5,7 @@ import math
 
 from MaxText import precision
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def param_count(cfg) -> int:
@@ -21,6 +21,7 @@ def param_count(cfg) -> int:
 @dataclasses.dataclass(frozen=True)
 class TrainingFlops:
   """Training FLOPs per device per step (forward + backward = 3 x forward), MaxText's accounting."""
+
   attention_projection: float  # q, k, v, o GEMMs
   mlp: float  # gate, up, down GEMMs
   embedding: float  # the unembedding (lm head) GEMM
@@ -46,8 +47,12 @@ def training_flops_per_device(cfg, per_device_batch_size=None) -> TrainingFlops:
   out_proj = 2 * tokens * d * h * dh
   embedding = 2 * tokens * d * cfg.vocab_size
   causal_attention = 4 * tokens * cfg.max_target_length * h * dh / 2
-  return TrainingFlops(attention_projection=3 * (qkv + out_proj) * layers, mlp=3 * mlp * layers,
-                       embedding=3 * embedding, attention_core=3 * causal_attention * layers)
+  return TrainingFlops(
+    attention_projection=3 * (qkv + out_proj) * layers,
+    mlp=3 * mlp * layers,
+    embedding=3 * embedding,
+    attention_core=3 * causal_attention * layers,
+  )
 
 
 def gemm_flops(cfg):
@@ -69,6 +74,7 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 @dataclasses.dataclass(frozen=True)
 class MemoryEstimate:
   """Bytes per device; activations are an estimate (see activation_bytes)."""
+
   params: float
   grads: float
   optimizer: float

@@ -15,8 +15,15 @@ from MaxText.quantization import dots
 NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-def rope_frequencies(head_dim, max_timescale, rope_type="default", scaling_factor=8.0, low_freq_factor=1.0,
-                     high_freq_factor=4.0, original_max_position=8192):
+def rope_frequencies(
+  head_dim,
+  max_timescale,
+  rope_type="default",
+  scaling_factor=8.0,
+  low_freq_factor=1.0,
+  high_freq_factor=4.0,
+  original_max_position=8192,
+):
   """Inverse frequencies [head_dim/2]; 'llama3.1' applies Llama 3.1's piecewise wavelength scaling."""
   inv_freq = 1.0 / (max_timescale ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
   if rope_type != "llama3.1":
@@ -26,8 +33,9 @@ def rope_frequencies(head_dim, max_timescale, rope_type="default", scaling_facto
   high_freq_wavelen = original_max_position / high_freq_factor
   smooth = (original_max_position / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
   smoothed = (1 - smooth) * inv_freq / scaling_factor + smooth * inv_freq
-  return jnp.where(wavelen > low_freq_wavelen, inv_freq / scaling_factor,
-                   jnp.where(wavelen < high_freq_wavelen, inv_freq, smoothed))
+  return jnp.where(
+    wavelen > low_freq_wavelen, inv_freq / scaling_factor, jnp.where(wavelen < high_freq_wavelen, inv_freq, smoothed)
+  )
 
 
 def apply_rope(x_BxLxHxD, positions_BxL, inv_freq):
@@ -70,6 +78,7 @@ def dot_product_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL=None)
 class KVCache(typing.NamedTuple):
   """Keys and values [B, S, K, D] (K key/value heads: GQA's cache is K/H of the queries'), in slots by position.
   Stacked over the decoder layers ([L, B, S, K, D]) when the model holds it."""
+
   k: jax.Array
   v: jax.Array
 
@@ -81,8 +90,10 @@ class KVCache(typing.NamedTuple):
   def written(self, k_BxTxKxD, v_BxTxKxD, positions_BxT):
     """The cache with the new tokens' keys and values in their positions' slots."""
     rows = jnp.arange(k_BxTxKxD.shape[0])[:, None]
-    return KVCache(self.k.at[rows, positions_BxT].set(k_BxTxKxD.astype(self.k.dtype)),
-                   self.v.at[rows, positions_BxT].set(v_BxTxKxD.astype(self.v.dtype)))
+    return KVCache(
+      self.k.at[rows, positions_BxT].set(k_BxTxKxD.astype(self.k.dtype)),
+      self.v.at[rows, positions_BxT].set(v_BxTxKxD.astype(self.v.dtype)),
+    )
 
 
 def cached_attention(q_BxTxHxD, cache: KVCache, positions_BxT):
@@ -103,8 +114,9 @@ def cudnn_flash_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL=None)
   if segment_ids_BxL is None:
     return jax.nn.dot_product_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, is_causal=True, implementation="cudnn")
   same_segment = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
-  return jax.nn.dot_product_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, mask=same_segment[:, None],
-                                      is_causal=True, implementation="cudnn")
+  return jax.nn.dot_product_attention(
+    q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, mask=same_segment[:, None], is_causal=True, implementation="cudnn"
+  )
 
 
 ATTENTION_KERNELS = {"dot_product": dot_product_attention, "cudnn_flash": cudnn_flash_attention}
@@ -115,15 +127,23 @@ class Attention(nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     d, h, kv, dh = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
-    kw = dict(dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs,
-              history_len=amax_history_len(cfg))
+    kw = dict(
+      dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs, history_len=amax_history_len(cfg)
+    )
     self.query = Dense(d, h * dh, remat_name="query_proj", **kw)
     self.key = Dense(d, kv * dh, remat_name="key_proj", **kw)
     self.value = Dense(d, kv * dh, remat_name="value_proj", **kw)
     self.out = Dense(h * dh, d, remat_name="out_proj", **kw)
     self.heads, self.kv_heads, self.head_dim = h, kv, dh
-    self.rope = (dh, cfg.rope_max_timescale, cfg.rope_type, cfg.rope_scaling_factor, cfg.rope_low_freq_factor,
-                 cfg.rope_high_freq_factor, cfg.rope_original_max_position)
+    self.rope = (
+      dh,
+      cfg.rope_max_timescale,
+      cfg.rope_type,
+      cfg.rope_scaling_factor,
+      cfg.rope_low_freq_factor,
+      cfg.rope_high_freq_factor,
+      cfg.rope_original_max_position,
+    )
     self.kernel = ATTENTION_KERNELS[cfg.attention]
     self.packed = packed_documents(cfg)
 
@@ -147,5 +167,14 @@ class Attention(nnx.Module):
     return self.out(ctx, precision["o"], keys[3], sinks.get("o")), kv_cache
 
 
-__all__ = ["Attention", "GemmPrecision", "KVCache", "apply_rope", "cached_attention", "cudnn_flash_attention",
-           "dot_product_attention", "packed_documents", "rope_frequencies"]
+__all__ = [
+  "Attention",
+  "GemmPrecision",
+  "KVCache",
+  "apply_rope",
+  "cached_attention",
+  "cudnn_flash_attention",
+  "dot_product_attention",
+  "packed_documents",
+  "rope_frequencies",
+]

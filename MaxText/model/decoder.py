@@ -25,18 +25,21 @@ def _and_cudnn_attention_residuals(names_policy):
   """`names_policy`, and also keep what jax's cuDNN attention forward returns (the output and the softmax
   statistics its backward kernel reads): naming the output alone leaves those residuals unnamed, and the
   backward would run the forward kernel again (MaxText names both through its own call of the kernel)."""
+
   def policy(prim, *args, **params):
     return names_policy(prim, *args, **params) or prim.name.startswith(CUDNN_ATTENTION_FORWARD)
+
   return policy
 
 
 REMAT_POLICIES = {
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "minimal": _save(*_PROJECTIONS),
-    "minimal_with_context": _and_cudnn_attention_residuals(_save(*_PROJECTIONS, "context")),
-    "minimal_with_quantization": _save(*_PROJECTIONS, qdot.REMAT_NAME),
-    "minimal_with_context_and_quantization": _and_cudnn_attention_residuals(
-        _save(*_PROJECTIONS, "context", qdot.REMAT_NAME)),
+  "full": jax.checkpoint_policies.nothing_saveable,
+  "minimal": _save(*_PROJECTIONS),
+  "minimal_with_context": _and_cudnn_attention_residuals(_save(*_PROJECTIONS, "context")),
+  "minimal_with_quantization": _save(*_PROJECTIONS, qdot.REMAT_NAME),
+  "minimal_with_context_and_quantization": _and_cudnn_attention_residuals(
+    _save(*_PROJECTIONS, "context", qdot.REMAT_NAME)
+  ),
 }
 
 
@@ -44,8 +47,9 @@ class DecoderLayer(nnx.Module):
   """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x))."""
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
-    norm = dict(epsilon=cfg.normalization_layer_epsilon, dtype=jnp.dtype(cfg.dtype),
-                weight_dtype=jnp.dtype(cfg.weight_dtype))
+    norm = dict(
+      epsilon=cfg.normalization_layer_epsilon, dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype)
+    )
     self.pre_attention_norm = RMSNorm(cfg.base_emb_dim, **norm)
     self.attention = Attention(cfg, rngs=rngs)
     self.pre_mlp_norm = RMSNorm(cfg.base_emb_dim, **norm)
@@ -54,8 +58,9 @@ class DecoderLayer(nnx.Module):
   def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, precision, key, stats_sinks=None, kv_cache=None):
     """(output, this layer's KV cache with these tokens written, or None)."""
     k_attn, k_mlp = jax.random.split(key) if key is not None else (None, None)
-    attended, kv_cache = self.attention(self.pre_attention_norm(x_BxLxD), positions_BxL, segment_ids_BxL,
-                                        precision, k_attn, stats_sinks, kv_cache)
+    attended, kv_cache = self.attention(
+      self.pre_attention_norm(x_BxLxD), positions_BxL, segment_ids_BxL, precision, k_attn, stats_sinks, kv_cache
+    )
     x = x_BxLxD + attended
     return x + self.mlp(self.pre_mlp_norm(x), precision, k_mlp, stats_sinks), kv_cache
 
@@ -75,8 +80,14 @@ class Transformer(nnx.Module):
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     dtype, weight_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.weight_dtype)
     # Tied, the embedding is also the lm head: initialised at the lm head's scale (1/sqrt(width)), not 1.
-    self.embed = Embed(cfg.vocab_size, cfg.base_emb_dim, dtype=dtype, weight_dtype=weight_dtype, rngs=rngs,
-                       stddev=cfg.base_emb_dim ** -0.5 if cfg.logits_via_embedding else 1.0)
+    self.embed = Embed(
+      cfg.vocab_size,
+      cfg.base_emb_dim,
+      dtype=dtype,
+      weight_dtype=weight_dtype,
+      rngs=rngs,
+      stddev=cfg.base_emb_dim**-0.5 if cfg.logits_via_embedding else 1.0,
+    )
 
     @nnx.split_rngs(splits=cfg.base_num_decoder_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -84,12 +95,16 @@ class Transformer(nnx.Module):
       return DecoderLayer(cfg, rngs=rngs)
 
     self.layers = make_layers(rngs)
-    self.final_norm = RMSNorm(cfg.base_emb_dim, epsilon=cfg.normalization_layer_epsilon, dtype=dtype,
-                              weight_dtype=weight_dtype)
+    self.final_norm = RMSNorm(
+      cfg.base_emb_dim, epsilon=cfg.normalization_layer_epsilon, dtype=dtype, weight_dtype=weight_dtype
+    )
     self.logits_via_embedding = cfg.logits_via_embedding
     if not cfg.logits_via_embedding:
-      self.lm_head = nnx.Param(nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")(
-          rngs.params(), (cfg.base_emb_dim, cfg.vocab_size), weight_dtype))
+      self.lm_head = nnx.Param(
+        nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")(
+          rngs.params(), (cfg.base_emb_dim, cfg.vocab_size), weight_dtype
+        )
+      )
     self.num_layers = cfg.base_num_decoder_layers
     self.scan_layers = cfg.scan_layers
     self.remat_policy = cfg.remat_policy
@@ -108,6 +123,7 @@ class Transformer(nnx.Module):
         layer_key = jax.random.fold_in(key, index) if key is not None else None
         x = sharding.constrain(x, ACTIVATION_AXES)
         return layer(x, positions, segment_ids, precision, layer_key, sinks, cache)
+
       if self.remat_policy != "none":
         body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan_layers)
       return body
@@ -129,8 +145,9 @@ class Transformer(nnx.Module):
           caches.append(jax.tree.map(lambda a: a[None], cache))
     return x, (None if kv_cache is None else jax.tree.map(lambda *parts: jnp.concatenate(parts), *caches))
 
-  def hidden(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, layer_precisions=None, key=None,
-             stats_sinks=None):
+  def hidden(
+    self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, layer_precisions=None, key=None, stats_sinks=None
+  ):
     """tokens [B, L] -> the final norm's output [B, L, D]: what the lm head reads."""
     b, l = tokens_BxL.shape
     if positions_BxL is None:
@@ -150,8 +167,9 @@ class Transformer(nnx.Module):
     if layer_precisions is None:
       layer_precisions = [(0, self.num_layers, uniform())]
     segment_ids = jnp.ones(tokens_BxT.shape, jnp.int32)
-    x, kv_cache = self._run_layers(self.embed(tokens_BxT), positions_BxT, segment_ids, layer_precisions, None, None,
-                                   kv_cache)
+    x, kv_cache = self._run_layers(
+      self.embed(tokens_BxT), positions_BxT, segment_ids, layer_precisions, None, None, kv_cache
+    )
     return self.final_norm(x), kv_cache
 
   def head_kernel(self):
@@ -163,10 +181,14 @@ class Transformer(nnx.Module):
     logits = dots.einsum("bld,dv->blv", x_BxLxD, self.head_kernel(), jnp.float32, self.dtype)
     return sharding.constrain(logits, LOGITS_AXES)
 
-  def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, layer_precisions=None, key=None,
-               stats_sinks=None):
-    return self.logits(self.hidden(tokens_BxL, positions_BxL, segment_ids_BxL, layer_precisions=layer_precisions,
-                                   key=key, stats_sinks=stats_sinks))
+  def __call__(
+    self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, layer_precisions=None, key=None, stats_sinks=None
+  ):
+    return self.logits(
+      self.hidden(
+        tokens_BxL, positions_BxL, segment_ids_BxL, layer_precisions=layer_precisions, key=key, stats_sinks=stats_sinks
+      )
+    )
 
 
 def abstract_model(cfg):

@@ -37,8 +37,9 @@ class Dense(nnx.Module):
 
   @staticmethod
   def dot_general(x, kernel, precision: GemmPrecision, key, stats_sink=None):
-    return qdense(x, kernel, precision.recipe, key=key, backend=precision.backend, stats_sink=stats_sink,
-                  kernels=precision.kernels)
+    return qdense(
+      x, kernel, precision.recipe, key=key, backend=precision.backend, stats_sink=stats_sink, kernels=precision.kernels
+    )
 
   def __call__(self, x, precision: GemmPrecision = GemmPrecision(), key=None, stats_sink=None):
     with jax.named_scope(self.remat_name):  # the GEMM's ops, forward and backward, named in the HLO and profiles

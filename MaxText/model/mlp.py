@@ -16,8 +16,9 @@ class MLP(nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     d, f = cfg.base_emb_dim, cfg.base_mlp_dim
-    kw = dict(dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs,
-              history_len=amax_history_len(cfg))
+    kw = dict(
+      dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs, history_len=amax_history_len(cfg)
+    )
     self.gate = Dense(d, f, remat_name="mlpwi_0", **kw)
     self.up = Dense(d, f, remat_name="mlpwi_1", **kw)
     self.down = Dense(f, d, remat_name="mlpwo", **kw)

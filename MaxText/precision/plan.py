@@ -22,6 +22,7 @@ GEMMS = ATTENTION_GEMMS + MLP_GEMMS
 class GemmPrecision(typing.NamedTuple):
   """How one GEMM runs: the recipe, the backend request and the operand quantizers' implementation. Static
   (hashable)."""
+
   recipe: Recipe = get_recipe("")
   backend: backends.Choice = backends.Choice.AUTO
   kernels: Kernels = Kernels.AUTO
@@ -38,6 +39,7 @@ def uniform(precision: GemmPrecision = BF16):
 @dataclasses.dataclass(frozen=True)
 class PrecisionPlan:
   """Layer ranges [(start, stop, {gemm: GemmPrecision})] covering every decoder layer, in order."""
+
   layer_ranges: tuple
 
   @property
@@ -53,10 +55,14 @@ def recipe_for(cfg, name) -> Recipe:
   if base.stateful:
     knobs = dict(amax_history_len=cfg.amax_history_len, amax_compute_algo=cfg.amax_compute_algo)
   if base.format is Format.NVFP4:
-    knobs = dict(disable_rht=cfg.disable_rht or base.disable_rht,
-                 disable_stochastic_rounding=cfg.disable_stochastic_rounding,
-                 disable_2d_quantization=cfg.disable_2d_quantization, nvfp4_4over6=cfg.nvfp4_4over6,
-                 nvfp4_4over6_err_mode=cfg.nvfp4_4over6_err_mode, backward_override=cfg.nvfp4_backward_override)
+    knobs = dict(
+      disable_rht=cfg.disable_rht or base.disable_rht,
+      disable_stochastic_rounding=cfg.disable_stochastic_rounding,
+      disable_2d_quantization=cfg.disable_2d_quantization,
+      nvfp4_4over6=cfg.nvfp4_4over6,
+      nvfp4_4over6_err_mode=cfg.nvfp4_4over6_err_mode,
+      backward_override=cfg.nvfp4_backward_override,
+    )
   return get_recipe(name, **knobs)
 
 

@@ -13,15 +13,28 @@ The names below load their modules on first use, so `import MaxText.quantization
 
 import importlib
 
-_LAZY = {"delayed": ("MaxText.quantization.delayed", None), "qdense": ("MaxText.quantization.qdot", "qdense"),
-         "qmatmul": ("MaxText.quantization.qdot", "qmatmul"), "RECIPES": ("MaxText.quantization.recipes", "RECIPES"),
-         "Recipe": ("MaxText.quantization.recipes", "Recipe"),
-         "get_recipe": ("MaxText.quantization.recipes", "get_recipe"),
-         "recipe_names": ("MaxText.quantization.recipes", "recipe_names"),
-         "Format": ("MaxText.quantization.formats", "Format"),
-         "QuantizedTensor": ("MaxText.quantization.formats.tensor", "QuantizedTensor")}
-__all__ = ["Format", "QuantizedTensor", "RECIPES", "Recipe", "delayed", "get_recipe", "qdense", "qmatmul",
-           "recipe_names"]
+_LAZY = {
+  "delayed": ("MaxText.quantization.delayed", None),
+  "qdense": ("MaxText.quantization.qdot", "qdense"),
+  "qmatmul": ("MaxText.quantization.qdot", "qmatmul"),
+  "RECIPES": ("MaxText.quantization.recipes", "RECIPES"),
+  "Recipe": ("MaxText.quantization.recipes", "Recipe"),
+  "get_recipe": ("MaxText.quantization.recipes", "get_recipe"),
+  "recipe_names": ("MaxText.quantization.recipes", "recipe_names"),
+  "Format": ("MaxText.quantization.formats", "Format"),
+  "QuantizedTensor": ("MaxText.quantization.formats.tensor", "QuantizedTensor"),
+}
+__all__ = [
+  "Format",
+  "QuantizedTensor",
+  "RECIPES",
+  "Recipe",
+  "delayed",
+  "get_recipe",
+  "qdense",
+  "qmatmul",
+  "recipe_names",
+]
 
 
 def __getattr__(name):

@@ -62,8 +62,9 @@ def _bwd(recipe, w_dtype, kernels, residuals, dy_MxN):
   dx = emulated.gemm(dy_op, w_t_op, recipe).astype(dy_MxN.dtype)
   dw = emulated.gemm(x_t_op, dy_op.T, recipe)
   amax_dy = grids.abs_max(dy_MxN.astype(jnp.float32))
-  new_history = jnp.stack([_push(history_3xH[0], amax_x), _push(history_3xH[1], amax_w),
-                           _push(history_3xH[2], amax_dy)])
+  new_history = jnp.stack(
+    [_push(history_3xH[0], amax_x), _push(history_3xH[1], amax_w), _push(history_3xH[2], amax_dy)]
+  )
   return dx, dw.astype(dy_MxN.dtype).astype(w_dtype), new_history
 
 

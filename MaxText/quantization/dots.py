@@ -17,8 +17,9 @@ import jax.numpy as jnp
 def einsum(spec, a, b, out_dtype, compute_dtype):
   """jnp.einsum(spec, a, b) on operands cast to `compute_dtype`, f32 accumulation, result in `out_dtype`;
   its two gradient contractions also run on `compute_dtype` operands."""
-  return jnp.einsum(spec, a.astype(compute_dtype), b.astype(compute_dtype),
-                    preferred_element_type=jnp.float32).astype(out_dtype)
+  return jnp.einsum(spec, a.astype(compute_dtype), b.astype(compute_dtype), preferred_element_type=jnp.float32).astype(
+    out_dtype
+  )
 
 
 def _einsum_fwd(spec, a, b, out_dtype, compute_dtype):

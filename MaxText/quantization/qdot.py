@@ -20,8 +20,9 @@ __all__ = ["REMAT_NAME", "qdense", "qmatmul"]
 def _as_key(key, recipe):
   if key is None:
     if recipe.needs_rng:
-      raise ValueError(f"{recipe.name}: stochastic rounding needs a PRNG key (pass key=..., or set "
-                       "disable_stochastic_rounding=True)")
+      raise ValueError(
+        f"{recipe.name}: stochastic rounding needs a PRNG key (pass key=..., or set disable_stochastic_rounding=True)"
+      )
     return jax.random.key(_FIXED_KEY)
   if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
     key = jax.random.wrap_key_data(key)
@@ -43,18 +44,19 @@ def _stats_probe_bwd(recipe, residuals, dy_MxN):
   x_MxK, w_KxN, key = residuals
   keys = dict(zip(("dy", "dy_t"), split_grad_keys(key)))
   operands = {"x": x_MxK, "w": w_KxN.T, "dy": dy_MxN, "w_t": w_KxN, "x_t": x_MxK.T, "dy_t": dy_MxN.T}
-  sink_grad = jnp.stack([
-      stats_lib.operand_stats(operands[r], recipe, r,
-                              emulated.quantize_operand(operands[r], recipe, r, keys.get(r)))
-      for r in stats_lib.ROLES])
+  sink_grad = jnp.stack(
+    [
+      stats_lib.operand_stats(operands[r], recipe, r, emulated.quantize_operand(operands[r], recipe, r, keys.get(r)))
+      for r in stats_lib.ROLES
+    ]
+  )
   return jnp.zeros_like(x_MxK), jnp.zeros_like(w_KxN), None, sink_grad
 
 
 _stats_probe.defvjp(_stats_probe_fwd, _stats_probe_bwd)
 
 
-def qmatmul(x, w, recipe: Recipe, *, key=None, backend=backends.Choice.AUTO, stats_sink=None,
-            kernels=Kernels.AUTO):
+def qmatmul(x, w, recipe: Recipe, *, key=None, backend=backends.Choice.AUTO, stats_sink=None, kernels=Kernels.AUTO):
   """x [M, K] . w [K, N] (flax kernel layout) per `recipe`; differentiable with the recipe's backward.
 
   The result has x's dtype (bf16 in training), accumulated in f32. `key` feeds stochastic
@@ -71,8 +73,9 @@ def qmatmul(x, w, recipe: Recipe, *, key=None, backend=backends.Choice.AUTO, sta
   if not recipe.quantized:
     return backends.BF16.matmul(x, w, recipe, key=None, kernels=kernels)
   if recipe.stateful:
-    raise ValueError(f"{recipe.name} keeps an amax history: call MaxText.quantization.delayed."
-                     "qmatmul_delayed with its state")
+    raise ValueError(
+      f"{recipe.name} keeps an amax history: call MaxText.quantization.delayed.qmatmul_delayed with its state"
+    )
   key = _as_key(key, recipe)
   chosen = backend if hasattr(backend, "matmul") else backends.resolve(recipe, backend)
   y = chosen.matmul(x, w, recipe, key=key, kernels=kernels)

@@ -24,8 +24,13 @@ WGRAD_ROLES = ("x_t", "dy_t")
 
 # NVFP4 Four Over Six scopes (TE's names; "gradients" and a gradient-including "all" are ours: TE's "all" is
 # weights and activations) and the operand roles each covers.
-FOUR_OVER_SIX_SCOPES = {"none": (), "weights": WEIGHT_ROLES, "activations": ("x", "x_t"), "gradients": GRAD_ROLES,
-                        "all": ROLES}
+FOUR_OVER_SIX_SCOPES = {
+  "none": (),
+  "weights": WEIGHT_ROLES,
+  "activations": ("x", "x_t"),
+  "gradients": GRAD_ROLES,
+  "all": ROLES,
+}
 FOUR_OVER_SIX_ERR_MODES = ("mse", "mae")
 # none; high_precision: dgrad and wgrad on the unquantized x, w, dy; dequantized: on the forward's quantized x and w,
 # dequantized, and the unquantized dy. Both backward GEMMs in the compute dtype (TE's backward_override).
@@ -36,6 +41,7 @@ BACKWARD_OVERRIDES = ("none", "high_precision", "dequantized")
 class Recipe:
   """A precision recipe: a format for every GEMM operand plus TE's knobs. Callers ask it what it does (`format`,
   `stateful`, `needs_rht`, `te_name`, ...) rather than matching its name."""
+
   name: str
   format: Format
   summary: str
@@ -119,35 +125,61 @@ class Recipe:
 
 
 RECIPES = {
-    "": Recipe("", Format.BF16, "no quantization: BF16 GEMMs with f32 accumulation"),
-    "te_nvfp4": Recipe(
-        "te_nvfp4", Format.NVFP4,
-        "NVFP4 (E2M1, E4M3 per 16, f32 per tensor); 16x16 weight tiles, RHT on wgrad, SR on gradients",
-        te_name="NVFP4BlockScaling"),
-    "te_nvfp4_no_rht": Recipe(
-        "te_nvfp4_no_rht", Format.NVFP4, "te_nvfp4 without the wgrad Random Hadamard Transform",
-        te_name="NVFP4BlockScaling", disable_rht=True),
-    "te_fp8_currentscaling": Recipe(
-        "te_fp8_currentscaling", Format.FP8_CURRENT,
-        "per-tensor FP8, E4M3 forward / E5M2 gradients, scale = fp8_max / current amax",
-        te_name="Float8CurrentScaling"),
-    "te_fp8_delayedscaling": Recipe(
-        "te_fp8_delayedscaling", Format.FP8_DELAYED,
-        "per-tensor FP8, E4M3 forward / E5M2 gradients, scale from an amax history (stateful)",
-        te_name="DelayedScaling"),
-    "te_mxfp8": Recipe(
-        "te_mxfp8", Format.MXFP8, "MXFP8: E4M3 with an E8M0 power-of-two scale per 32 along the contraction",
-        te_name="MXFP8BlockScaling"),
-    "mxfp4": Recipe(
-        "mxfp4", Format.MXFP4,
-        "MXFP4: E2M1 with an E8M0 scale per 32, scale = 2^ceil(log2(block_amax / 6)) (TE reference rule:"
-        " no element saturates); no RHT, SR or 2D tiles"),
+  "": Recipe("", Format.BF16, "no quantization: BF16 GEMMs with f32 accumulation"),
+  "te_nvfp4": Recipe(
+    "te_nvfp4",
+    Format.NVFP4,
+    "NVFP4 (E2M1, E4M3 per 16, f32 per tensor); 16x16 weight tiles, RHT on wgrad, SR on gradients",
+    te_name="NVFP4BlockScaling",
+  ),
+  "te_nvfp4_no_rht": Recipe(
+    "te_nvfp4_no_rht",
+    Format.NVFP4,
+    "te_nvfp4 without the wgrad Random Hadamard Transform",
+    te_name="NVFP4BlockScaling",
+    disable_rht=True,
+  ),
+  "te_fp8_currentscaling": Recipe(
+    "te_fp8_currentscaling",
+    Format.FP8_CURRENT,
+    "per-tensor FP8, E4M3 forward / E5M2 gradients, scale = fp8_max / current amax",
+    te_name="Float8CurrentScaling",
+  ),
+  "te_fp8_delayedscaling": Recipe(
+    "te_fp8_delayedscaling",
+    Format.FP8_DELAYED,
+    "per-tensor FP8, E4M3 forward / E5M2 gradients, scale from an amax history (stateful)",
+    te_name="DelayedScaling",
+  ),
+  "te_mxfp8": Recipe(
+    "te_mxfp8",
+    Format.MXFP8,
+    "MXFP8: E4M3 with an E8M0 power-of-two scale per 32 along the contraction",
+    te_name="MXFP8BlockScaling",
+  ),
+  "mxfp4": Recipe(
+    "mxfp4",
+    Format.MXFP4,
+    "MXFP4: E2M1 with an E8M0 scale per 32, scale = 2^ceil(log2(block_amax / 6)) (TE reference rule:"
+    " no element saturates); no RHT, SR or 2D tiles",
+  ),
 }
 ALIASES = {"bf16": "", "none": ""}
-KNOBS = ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization",
-         "amax_history_len", "amax_compute_algo", "nvfp4_4over6", "nvfp4_4over6_err_mode", "backward_override")
-_NVFP4_KNOBS = {"nvfp4_4over6": tuple(FOUR_OVER_SIX_SCOPES), "nvfp4_4over6_err_mode": FOUR_OVER_SIX_ERR_MODES,
-                "backward_override": BACKWARD_OVERRIDES}
+KNOBS = (
+  "disable_rht",
+  "disable_stochastic_rounding",
+  "disable_2d_quantization",
+  "amax_history_len",
+  "amax_compute_algo",
+  "nvfp4_4over6",
+  "nvfp4_4over6_err_mode",
+  "backward_override",
+)
+_NVFP4_KNOBS = {
+  "nvfp4_4over6": tuple(FOUR_OVER_SIX_SCOPES),
+  "nvfp4_4over6_err_mode": FOUR_OVER_SIX_ERR_MODES,
+  "backward_override": BACKWARD_OVERRIDES,
+}
 
 
 def recipe_names():
@@ -159,8 +191,7 @@ def get_recipe(name: str, **overrides) -> Recipe:
   choices."""
   key = ALIASES.get(name, name)
   if key not in RECIPES:
-    raise RecipeError(f"unknown quantization recipe {name!r}; valid: \"\" (bf16), "
-                     + ", ".join(recipe_names()))
+    raise RecipeError(f'unknown quantization recipe {name!r}; valid: "" (bf16), ' + ", ".join(recipe_names()))
   unknown = sorted(set(overrides) - set(KNOBS))
   if unknown:
     raise RecipeError(f"unknown recipe knob(s) {unknown}; valid: {', '.join(KNOBS)}")

@@ -52,9 +52,12 @@ def _one_line_cache_warnings():
     if found is None:
       return previous(message, category, filename, lineno, file, line)
     verb = {"writing": "write", "reading": "read"}[found.group(1)]
-    _say_once(f"warning: compilation cache: can't {verb} entries in {jax.config.jax_compilation_cache_dir} "
-              f"({found.group(3).strip().splitlines()[0][:120]}); compiling without them")
+    _say_once(
+      f"warning: compilation cache: can't {verb} entries in {jax.config.jax_compilation_cache_dir} "
+      f"({found.group(3).strip().splitlines()[0][:120]}); compiling without them"
+    )
     return None
+
   warnings.showwarning = show
 
 
@@ -72,8 +75,11 @@ def configure(cache_dir):
   path = os.path.abspath(os.path.expandvars(os.path.expanduser(cache_dir)))
   problem = _writable(path)
   if problem is not None:
-    print(f"warning: compilation cache {path} is not usable ({problem}): compiling without it; set "
-          "jax_cache_dir to a writable directory (or '' to turn the cache off)", flush=True)
+    print(
+      f"warning: compilation cache {path} is not usable ({problem}): compiling without it; set "
+      "jax_cache_dir to a writable directory (or '' to turn the cache off)",
+      flush=True,
+    )
     _reset_if_moved(None)
     jax.config.update("jax_compilation_cache_dir", None)
     return None

@@ -60,14 +60,17 @@ def coordinator_from_env():
   count = _env_int("NNODES", nnodes, 1, "the number of processes (nodes) in the job")
   rank = _env_int("NODE_RANK", "0", 0, f"this process's rank, 0 to {count - 1}")
   if rank >= count:
-    raise DistributedError(f"NODE_RANK={rank} but NNODES={count}: ranks go from 0 to {count - 1}; give every "
-                           "process the same NNODES and its own NODE_RANK")
+    raise DistributedError(
+      f"NODE_RANK={rank} but NNODES={count}: ranks go from 0 to {count - 1}; give every "
+      "process the same NNODES and its own NODE_RANK"
+    )
   if port > 65535:
     raise DistributedError(f"JAX_COORDINATOR_PORT={port} is not a TCP port (1 to 65535)")
   return f"{ip}:{port}", count, rank
 
 
 # -- the meeting on the coordinator's port ------------------------------------------------------------
+
 
 def _check_stop(doing):
   if preemption.requested():
@@ -79,8 +82,10 @@ def _listen(port):
   try:
     server = socket.create_server(("", port), family=family, dualstack_ipv6=family == socket.AF_INET6)
   except OSError as e:
-    raise DistributedError(f"process 0 can't listen on JAX_COORDINATOR_PORT={port} ({e.strerror or e}); pick a "
-                           "free port (is another job's coordinator there?)") from None
+    raise DistributedError(
+      f"process 0 can't listen on JAX_COORDINATOR_PORT={port} ({e.strerror or e}); pick a "
+      "free port (is another job's coordinator there?)"
+    ) from None
   return server
 
 
@@ -123,9 +128,11 @@ def gather_peers(port, count, timeout):
       _check_stop("waiting for the other processes")
       if time.monotonic() >= deadline:
         missing = ", ".join(str(r) for r in range(1, count) if r not in peers)
-        raise DistributedError(f"rank(s) {missing} of NNODES={count} did not come within {timeout} s "
-                               "(jax_distributed_initialization_timeout); start every rank with the same NNODES "
-                               "and JAX_COORDINATOR_IP/PORT, and check that the port is reachable from their nodes")
+        raise DistributedError(
+          f"rank(s) {missing} of NNODES={count} did not come within {timeout} s "
+          "(jax_distributed_initialization_timeout); start every rank with the same NNODES "
+          "and JAX_COORDINATOR_IP/PORT, and check that the port is reachable from their nodes"
+        )
       server.settimeout(max(0.01, min(POLL_SECONDS, deadline - time.monotonic())))
       try:
         conn, _ = server.accept()
@@ -153,8 +160,10 @@ def _hello_problem(hello, count, peers):
     return None
   rank, their_count = hello
   if their_count != count:
-    return (f"rank {rank} was started with NNODES={their_count} but process 0 with NNODES={count}; give every "
-            "process the same NNODES")
+    return (
+      f"rank {rank} was started with NNODES={their_count} but process 0 with NNODES={count}; give every "
+      "process the same NNODES"
+    )
   if rank in peers or rank == 0 or not 0 < rank < count:
     return f"two processes say NODE_RANK={rank}; give every process its own NODE_RANK from 0 to {count - 1}"
   return None
@@ -191,12 +200,13 @@ def meet_coordinator(address, rank, count, timeout):
       raise DistributedError(f"the coordinator {address} (process 0) stopped the job: {reply[6:]}")
     heard = heard or reply is not None
     if time.monotonic() >= deadline:
-      why = ("process 0 answered but the job did not form: another rank is missing" if heard
-             else "nothing listens there")
-      raise DistributedError(f"could not join the coordinator {address} (process {rank} of {count}) within "
-                             f"{timeout} s ({why}); check JAX_COORDINATOR_IP/JAX_COORDINATOR_PORT are reachable "
-                             "from every node, NNODES/NODE_RANK, and that process 0 was started "
-                             "(jax_distributed_initialization_timeout)")
+      why = "process 0 answered but the job did not form: another rank is missing" if heard else "nothing listens there"
+      raise DistributedError(
+        f"could not join the coordinator {address} (process {rank} of {count}) within "
+        f"{timeout} s ({why}); check JAX_COORDINATOR_IP/JAX_COORDINATOR_PORT are reachable "
+        "from every node, NNODES/NODE_RANK, and that process 0 was started "
+        "(jax_distributed_initialization_timeout)"
+      )
     time.sleep(POLL_SECONDS)
 
 
@@ -217,12 +227,19 @@ def _hello(host, port, rank, count, deadline, doing):
 
 # -- jax.distributed and the platform -----------------------------------------------------------------
 
+
 def _watchdog(timeout, where):
   """jax's client aborts the process (a C++ check failure) when the job doesn't form; say why first and exit 2."""
+
   def expire():
-    print(f"error: the job did not form within {timeout} s at {where}: a process stopped or is missing; check "
-          "every process's log (jax_distributed_initialization_timeout)", file=sys.stderr, flush=True)
+    print(
+      f"error: the job did not form within {timeout} s at {where}: a process stopped or is missing; check "
+      "every process's log (jax_distributed_initialization_timeout)",
+      file=sys.stderr,
+      flush=True,
+    )
     os._exit(2)  # pylint: disable=protected-access
+
   timer = threading.Timer(timeout, expire)
   timer.daemon = True
   return timer
@@ -236,9 +253,11 @@ def _join(kwargs, timeout, where):
     jax.distributed.initialize(initialization_timeout=timeout + 60, **kwargs)
   except Exception as e:  # Slurm not detected, bad arguments, ...
     first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-    raise DistributedError(f"could not join {where} ({first}); check JAX_COORDINATOR_IP/JAX_COORDINATOR_PORT are "
-                           "reachable from every node, NNODES/NODE_RANK, and that all processes were started "
-                           "(jax_distributed_initialization_timeout)") from None
+    raise DistributedError(
+      f"could not join {where} ({first}); check JAX_COORDINATOR_IP/JAX_COORDINATOR_PORT are "
+      "reachable from every node, NNODES/NODE_RANK, and that all processes were started "
+      "(jax_distributed_initialization_timeout)"
+    ) from None
   finally:
     timer.cancel()
 
@@ -250,22 +269,26 @@ def check_platform(cfg):
     devices = jax.devices()
   except (RuntimeError, AssertionError) as e:  # jax asserts when JAX_PLATFORMS=cuda finds no NVIDIA GPU
     why = str(e).strip().splitlines()[0][:200] if str(e).strip() else "none of the platforms it names is present"
-    raise DistributedError(f"jax can't start JAX_PLATFORMS={asked!r} here ({why}); unset JAX_PLATFORMS to use what "
-                           "this machine has, or run where that platform is") from None
+    raise DistributedError(
+      f"jax can't start JAX_PLATFORMS={asked!r} here ({why}); unset JAX_PLATFORMS to use what "
+      "this machine has, or run where that platform is"
+    ) from None
   if cfg.hardware.startswith("gpu") and not cfg.dry_run and devices[0].platform != "gpu":
-    raise DistributedError(f"hardware={cfg.hardware} but jax sees no GPU here ({len(devices)} {devices[0].platform} "
-                           "device(s)); use hardware=cpu, or install jax with CUDA (pip install 'jax[cuda12]') and "
-                           "check nvidia-smi")
+    raise DistributedError(
+      f"hardware={cfg.hardware} but jax sees no GPU here ({len(devices)} {devices[0].platform} "
+      "device(s)); use hardware=cpu, or install jax with CUDA (pip install 'jax[cuda12]') and "
+      "check nvidia-smi"
+    )
   return devices
 
 
 def initialize(cfg):
   """Join the job as `cfg.hardware` says, then start jax's backend. Returns (process_index, process_count).
 
-    cpu               single process, or NNODES>1 processes on CPU with gloo collectives (tests)
-    gpu               one process per node: JAX_COORDINATOR_IP/PORT, NNODES, NODE_RANK; local GPUs from
-                      CUDA_VISIBLE_DEVICES or SLURM_STEP_GPUS
-    gpu_multiprocess  one process per GPU; jax.distributed detects Slurm (SLURM_* variables)
+  cpu               single process, or NNODES>1 processes on CPU with gloo collectives (tests)
+  gpu               one process per node: JAX_COORDINATOR_IP/PORT, NNODES, NODE_RANK; local GPUs from
+                    CUDA_VISIBLE_DEVICES or SLURM_STEP_GPUS
+  gpu_multiprocess  one process per GPU; jax.distributed detects Slurm (SLURM_* variables)
   """
   if not jax.distributed.is_initialized():
     _form_job(cfg)

@@ -50,8 +50,11 @@ def _handle(signum, frame):
     print(f"{signal.Signals(signum).name} again: exiting now without a checkpoint", file=sys.stderr, flush=True)
     os._exit(128 + signum)  # pylint: disable=protected-access
   _state["signal"] = signum
-  print(f"{signal.Signals(signum).name}: stopping after the current step (send it again to exit at once)",
-        file=sys.stderr, flush=True)
+  print(
+    f"{signal.Signals(signum).name}: stopping after the current step (send it again to exit at once)",
+    file=sys.stderr,
+    flush=True,
+  )
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ _POLL_SECONDS = 0.2
 
 class Placed(typing.NamedTuple):
   """One batch as global device arrays, and the iterator position after it."""
+
   arrays: dict
   position: dict
 

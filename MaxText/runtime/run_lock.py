@@ -35,8 +35,9 @@ def _describe(path):
 
 
 def _refusal(run_dir, path):
-  return RunLockError(f"run directory {run_dir} is in use by {_describe(path)}; wait for it to finish, stop it, "
-                      "or pick another run_name")
+  return RunLockError(
+    f"run directory {run_dir} is in use by {_describe(path)}; wait for it to finish, stop it, or pick another run_name"
+  )
 
 
 def _alive_here(owner):

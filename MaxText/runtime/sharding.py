@@ -17,35 +17,35 @@ MESH_AXES = ("data", "fsdp", "context", "tensor")
 # Logical axis -> mesh axes (MaxText's names). Parameters shard their embed dim over fsdp (and
 # context, as MaxText does), heads / MLP / vocab over tensor; activations their batch over data+fsdp.
 LOGICAL_RULES = {
-    "vocab": ("tensor",),
-    "embed": ("fsdp", "context"),
-    "mlp": ("tensor",),
-    "heads": ("tensor",),
-    "kv_heads": ("tensor",),
-    "layers": (),
-    "norm": (),
-    "activation_batch": ("data", "fsdp"),
-    "activation_length": ("context",),
-    "activation_embed": (),
-    "activation_mlp": ("tensor",),
-    "activation_heads": ("tensor",),
-    "activation_vocab": ("tensor",),
+  "vocab": ("tensor",),
+  "embed": ("fsdp", "context"),
+  "mlp": ("tensor",),
+  "heads": ("tensor",),
+  "kv_heads": ("tensor",),
+  "layers": (),
+  "norm": (),
+  "activation_batch": ("data", "fsdp"),
+  "activation_length": ("context",),
+  "activation_embed": (),
+  "activation_mlp": ("tensor",),
+  "activation_heads": ("tensor",),
+  "activation_vocab": ("tensor",),
 }
 
 # Parameter path (nnx state keys, joined by "/") -> logical axes of each dimension.
 PARAM_AXES = {
-    "embed/embedding": ("vocab", "embed"),
-    "lm_head": ("embed", "vocab"),
-    "final_norm/scale": ("norm",),
-    "layers/pre_attention_norm/scale": ("layers", "norm"),
-    "layers/pre_mlp_norm/scale": ("layers", "norm"),
-    "layers/attention/query/kernel": ("layers", "embed", "heads"),
-    "layers/attention/key/kernel": ("layers", "embed", "kv_heads"),
-    "layers/attention/value/kernel": ("layers", "embed", "kv_heads"),
-    "layers/attention/out/kernel": ("layers", "heads", "embed"),
-    "layers/mlp/gate/kernel": ("layers", "embed", "mlp"),
-    "layers/mlp/up/kernel": ("layers", "embed", "mlp"),
-    "layers/mlp/down/kernel": ("layers", "mlp", "embed"),
+  "embed/embedding": ("vocab", "embed"),
+  "lm_head": ("embed", "vocab"),
+  "final_norm/scale": ("norm",),
+  "layers/pre_attention_norm/scale": ("layers", "norm"),
+  "layers/pre_mlp_norm/scale": ("layers", "norm"),
+  "layers/attention/query/kernel": ("layers", "embed", "heads"),
+  "layers/attention/key/kernel": ("layers", "embed", "kv_heads"),
+  "layers/attention/value/kernel": ("layers", "embed", "kv_heads"),
+  "layers/attention/out/kernel": ("layers", "heads", "embed"),
+  "layers/mlp/gate/kernel": ("layers", "embed", "mlp"),
+  "layers/mlp/up/kernel": ("layers", "embed", "mlp"),
+  "layers/mlp/down/kernel": ("layers", "mlp", "embed"),
 }
 BATCH_AXES = ("activation_batch", "activation_length")
 
@@ -79,10 +79,13 @@ def mesh_shape(cfg, num_devices, num_processes=1):
   ici = _resolve([getattr(cfg, f"ici_{a}_parallelism") for a in MESH_AXES], num_devices // dcn_total, "ici")
   shape = {a: d * i for a, d, i in zip(MESH_AXES, dcn, ici)}
   if math.prod(shape.values()) != num_devices:
-    keys = ", ".join(f"{k}_{a}_parallelism={v}" for k, vals in (("ici", ici), ("dcn", dcn))
-                     for a, v in zip(MESH_AXES, vals) if v != 1)
-    raise ShardingError(f"the mesh ({keys or 'all 1'}) has {math.prod(shape.values())} devices but there are "
-                        f"{num_devices}; make the ici_* x dcn_* product match, or set one of them to -1")
+    keys = ", ".join(
+      f"{k}_{a}_parallelism={v}" for k, vals in (("ici", ici), ("dcn", dcn)) for a, v in zip(MESH_AXES, vals) if v != 1
+    )
+    raise ShardingError(
+      f"the mesh ({keys or 'all 1'}) has {math.prod(shape.values())} devices but there are "
+      f"{num_devices}; make the ici_* x dcn_* product match, or set one of them to -1"
+    )
   return shape, dict(zip(MESH_AXES, dcn)), dict(zip(MESH_AXES, ici))
 
 
@@ -111,8 +114,10 @@ def logical_to_spec(logical_axes, shape, mesh_sizes, *, strict=True, what="array
     size = math.prod(mesh_sizes[a] for a in axes)
     if axes and dim % size:
       if strict:
-        raise ShardingError(f"{what}: dimension {name} of size {dim} can't be split over mesh axes {axes} "
-                            f"({size} ways); change the parallelism keys or the model size")
+        raise ShardingError(
+          f"{what}: dimension {name} of size {dim} can't be split over mesh axes {axes} "
+          f"({size} ways); change the parallelism keys or the model size"
+        )
       axes = ()
     used.update(axes)
     spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
@@ -120,23 +125,26 @@ def logical_to_spec(logical_axes, shape, mesh_sizes, *, strict=True, what="array
 
 
 def param_path(path):
-  """"layers/mlp/gate/kernel" from a pytree path (attribute steps such as a Variable's .value dropped)."""
+  """ "layers/mlp/gate/kernel" from a pytree path (attribute steps such as a Variable's .value dropped)."""
   return "/".join(str(k.key) if hasattr(k, "key") else str(k.idx) for k in path if not hasattr(k, "name"))
 
 
 def param_specs(params, mesh_sizes):
   """PartitionSpecs for an nnx Param state (same tree), from PARAM_AXES and LOGICAL_RULES."""
+
   def spec(path, leaf):
     name = param_path(path)
     if name not in PARAM_AXES:
       raise ShardingError(f"parameter {name} has no logical axes in MaxText/runtime/sharding.py PARAM_AXES")
     return logical_to_spec(PARAM_AXES[name], leaf.shape, mesh_sizes, what=f"parameter {name}")
+
   return jax.tree_util.tree_map_with_path(spec, params)
 
 
 def param_shardings(params, mesh):
-  return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(params, dict(mesh.shape)),
-                      is_leaf=lambda x: isinstance(x, P))
+  return jax.tree.map(
+    lambda s: NamedSharding(mesh, s), param_specs(params, dict(mesh.shape)), is_leaf=lambda x: isinstance(x, P)
+  )
 
 
 def batch_sharding(mesh):
@@ -159,28 +167,44 @@ def check_quantization_blocks(cfg, mesh_sizes, block_sizes):
   Weight blocks run along both kernel dims (2D tiles / both GEMM directions); the wgrad operands
   block along tokens, which are split by batch (data x fsdp) and, within a sequence, by context.
   """
-  gemm_params = {"q": "layers/attention/query/kernel", "k": "layers/attention/key/kernel",
-                 "v": "layers/attention/value/kernel", "o": "layers/attention/out/kernel",
-                 "gate": "layers/mlp/gate/kernel", "up": "layers/mlp/up/kernel", "down": "layers/mlp/down/kernel"}
-  dims = {"embed": cfg.base_emb_dim, "mlp": cfg.base_mlp_dim, "heads": cfg.base_num_query_heads * cfg.head_dim,
-          "kv_heads": cfg.base_num_kv_heads * cfg.head_dim}
+  gemm_params = {
+    "q": "layers/attention/query/kernel",
+    "k": "layers/attention/key/kernel",
+    "v": "layers/attention/value/kernel",
+    "o": "layers/attention/out/kernel",
+    "gate": "layers/mlp/gate/kernel",
+    "up": "layers/mlp/up/kernel",
+    "down": "layers/mlp/down/kernel",
+  }
+  dims = {
+    "embed": cfg.base_emb_dim,
+    "mlp": cfg.base_mlp_dim,
+    "heads": cfg.base_num_query_heads * cfg.head_dim,
+    "kv_heads": cfg.base_num_kv_heads * cfg.head_dim,
+  }
   for gemm, block in block_sizes.items():
     if block <= 1:
       continue
     for logical in PARAM_AXES[gemm_params[gemm]][1:]:
       shards = math.prod(mesh_sizes.get(a, 1) for a in LOGICAL_RULES[logical])
       if dims[logical] % shards == 0 and (dims[logical] // shards) % block:
-        raise ShardingError(f"{gemm} GEMM: a shard holds {dims[logical] // shards} of its {logical} dimension "
-                            f"({dims[logical]} over {shards}), not a multiple of the {block}-element quantization "
-                            "blocks; use fewer shards on that axis or keep that GEMM in bf16")
+        raise ShardingError(
+          f"{gemm} GEMM: a shard holds {dims[logical] // shards} of its {logical} dimension "
+          f"({dims[logical]} over {shards}), not a multiple of the {block}-element quantization "
+          "blocks; use fewer shards on that axis or keep that GEMM in bf16"
+        )
     micro_tokens = cfg.per_device_batch_size * cfg.max_target_length / cfg.gradient_accumulation_steps
     if micro_tokens == int(micro_tokens) and int(micro_tokens) % block:
-      raise ShardingError(f"{gemm} GEMM: its wgrad operands are quantized in {block}-token blocks, but a micro-batch "
-                          f"holds {micro_tokens:g} tokens per device (per_device_batch_size x max_target_length / "
-                          f"gradient_accumulation_steps); make that a multiple of {block} or keep that GEMM in bf16")
+      raise ShardingError(
+        f"{gemm} GEMM: its wgrad operands are quantized in {block}-token blocks, but a micro-batch "
+        f"holds {micro_tokens:g} tokens per device (per_device_batch_size x max_target_length / "
+        f"gradient_accumulation_steps); make that a multiple of {block} or keep that GEMM in bf16"
+      )
     context = mesh_sizes.get("context", 1)
     tokens_per_shard = cfg.max_target_length // context
     if context > 1 and tokens_per_shard % block:
-      raise ShardingError(f"{gemm} GEMM: context parallelism {context} leaves {tokens_per_shard} tokens of each "
-                          f"sequence per shard, not a multiple of the {block}-element wgrad blocks; change "
-                          "max_target_length or ici/dcn_context_parallelism")
+      raise ShardingError(
+        f"{gemm} GEMM: context parallelism {context} leaves {tokens_per_shard} tokens of each "
+        f"sequence per shard, not a multiple of the {block}-element wgrad blocks; change "
+        "max_target_length or ici/dcn_context_parallelism"
+      )

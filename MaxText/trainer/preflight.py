@@ -27,7 +27,7 @@ def device_memory_gib(cfg, devices):
   with open("/proc/meminfo", encoding="ascii") as f:
     info = dict(line.split(":", 1) for line in f)
   available_kib = int(info["MemAvailable"].split()[0])
-  return available_kib / 2 ** 20 / len(local), local[0].platform  # virtual CPU devices share the host
+  return available_kib / 2**20 / len(local), local[0].platform  # virtual CPU devices share the host
 
 
 def planned_devices(cfg, local_count):
@@ -56,18 +56,18 @@ def summary(cfg, run_shape, mesh_sizes):
   mem = accounting.memory_per_device(cfg, mesh_sizes, run_shape.micro_batch_size)
   mesh_text = " x ".join(f"{a} {n}" for a, n in mesh_sizes.items())
   lines = [
-      f"model: {cfg.model_name}",
-      f"parameters: {accounting.param_count(cfg)}",
-      f"TFLOPs per device per step: {flops.tflops:.2f}",
-      f"mesh: {mesh_text} ({run_shape.num_devices} device(s))",
-      f"memory per device: {mem.total_gib:.2f} GiB",
-      f"  parameters {mem.params / accounting.GIB:.2f} GiB ({cfg.weight_dtype}), gradients "
-      f"{mem.grads / accounting.GIB:.2f} GiB (f32), optimizer state {mem.optimizer / accounting.GIB:.2f} GiB "
-      f"(AdamW mu+nu f32), activations ~{mem.activations / accounting.GIB:.2f} GiB "
-      f"(remat_policy={cfg.remat_policy}, micro-batch {run_shape.micro_batch_size}, estimate)"
-      + (f", amax histories {mem.amax_history / accounting.GIB:.2f} GiB" if mem.amax_history else ""),
-      f"global batch: {run_shape.global_batch_size} sequences x {cfg.max_target_length} tokens "
-      f"({run_shape.tokens_per_step} tokens/step)",
+    f"model: {cfg.model_name}",
+    f"parameters: {accounting.param_count(cfg)}",
+    f"TFLOPs per device per step: {flops.tflops:.2f}",
+    f"mesh: {mesh_text} ({run_shape.num_devices} device(s))",
+    f"memory per device: {mem.total_gib:.2f} GiB",
+    f"  parameters {mem.params / accounting.GIB:.2f} GiB ({cfg.weight_dtype}), gradients "
+    f"{mem.grads / accounting.GIB:.2f} GiB (f32), optimizer state {mem.optimizer / accounting.GIB:.2f} GiB "
+    f"(AdamW mu+nu f32), activations ~{mem.activations / accounting.GIB:.2f} GiB "
+    f"(remat_policy={cfg.remat_policy}, micro-batch {run_shape.micro_batch_size}, estimate)"
+    + (f", amax histories {mem.amax_history / accounting.GIB:.2f} GiB" if mem.amax_history else ""),
+    f"global batch: {run_shape.global_batch_size} sequences x {cfg.max_target_length} tokens "
+    f"({run_shape.tokens_per_step} tokens/step)",
   ]
   return "\n".join(lines), mem
 
@@ -86,12 +86,13 @@ def print_plan(cfg, plan, run_shape, mesh_sizes, devices):
   if 0 <= cfg.high_precision_from_step < cfg.steps:
     print(f"from step {cfg.high_precision_from_step}: every GEMM in bf16")
   elif cfg.high_precision_from_step >= cfg.steps:
-    print(f"high_precision_from_step={cfg.high_precision_from_step} is past the last step (steps={cfg.steps}): "
-          "every step runs the plan above")
+    print(
+      f"high_precision_from_step={cfg.high_precision_from_step} is past the last step (steps={cfg.steps}): "
+      "every step runs the plan above"
+    )
   if cfg.dry_run:
     fits, need, have, what = memory_check(cfg, mem, devices)
-    print(f"memory check: {need:.1f} GiB per device {'fits' if fits else 'does NOT fit'} in {have:.1f} GiB "
-          f"({what})")
+    print(f"memory check: {need:.1f} GiB per device {'fits' if fits else 'does NOT fit'} in {have:.1f} GiB ({what})")
   return mem
 
 
@@ -99,9 +100,10 @@ def check_memory(cfg, mem, devices):
   fits, need, have, what = memory_check(cfg, mem, devices)
   if not fits:
     raise UserError(
-        f"estimated memory per device {need:.1f} GiB exceeds the {have:.1f} GiB available on {what} "
-        f"({len(devices)} device(s)); use more devices, a smaller model, or lower per_device_batch_size / "
-        "max_target_length, or remat_policy=full (or set hardware_memory_gib)")
+      f"estimated memory per device {need:.1f} GiB exceeds the {have:.1f} GiB available on {what} "
+      f"({len(devices)} device(s)); use more devices, a smaller model, or lower per_device_batch_size / "
+      "max_target_length, or remat_policy=full (or set hardware_memory_gib)"
+    )
 
 
 def run_dir(cfg):
@@ -124,5 +126,6 @@ def check_writable(out_dir):
       pass
     os.remove(probe)
   except OSError as e:
-    raise UserError(f"can't write the run directory {out_dir} ({e.strerror or e}); set base_output_directory to "
-                    "a writable directory") from None
+    raise UserError(
+      f"can't write the run directory {out_dir} ({e.strerror or e}); set base_output_directory to a writable directory"
+    ) from None

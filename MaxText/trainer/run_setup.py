@@ -30,6 +30,7 @@ from MaxText.trainer.train_step import StepFunctions, TrainState
 @dataclasses.dataclass
 class Run:
   """What the loop runs (state, steps, batches, hooks) on `mesh`, and what `close()` releases, in reverse."""
+
   mesh: typing.Any
   state: TrainState
   steps: StepFunctions
@@ -68,6 +69,7 @@ def init_sharded(cfg, mesh):
   def init():
     _, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(cfg.seed)), nnx.Param, ...)
     return params, rest
+
   params, rest = jax.jit(init, out_shardings=(shardings, replicated))()
   return graphdef, params, rest
 
@@ -83,9 +85,9 @@ def _gather_positions(position):
   blob = np.frombuffer(json.dumps(position).encode("utf-8"), np.uint8)
   lengths = multihost_utils.process_allgather(np.array([blob.size])).reshape(-1)
   padded = np.zeros(int(lengths.max()), np.uint8)
-  padded[:blob.size] = blob
+  padded[: blob.size] = blob
   blobs = multihost_utils.process_allgather(padded)
-  return {str(i): json.loads(bytes(blobs[i][:lengths[i]]).decode("utf-8")) for i in range(len(lengths))}
+  return {str(i): json.loads(bytes(blobs[i][: lengths[i]]).decode("utf-8")) for i in range(len(lengths))}
 
 
 def _optimizer_count(opt_state):
@@ -121,14 +123,18 @@ def _restore_position(data_iter, data_state, process_index, dataset_type):
     return
   own = data_state.get(str(process_index))
   if own is None:
-    raise UserError(f"the checkpoint holds data positions for processes {sorted(data_state)}, not for process "
-                    f"{process_index}; resume with the same number of processes (or load_parameters_path)")
+    raise UserError(
+      f"the checkpoint holds data positions for processes {sorted(data_state)}, not for process "
+      f"{process_index}; resume with the same number of processes (or load_parameters_path)"
+    )
   try:
     data_iter.set_state(own)
   except Exception as e:  # a position another pipeline wrote: its keys or types don't fit this one
-    raise UserError(f"the checkpoint's data position ({json.dumps(own)[:120]}) doesn't fit this data pipeline "
-                    f"(dataset_type={dataset_type}: {e}); resume with the data settings it was "
-                    "written with, or use load_parameters_path") from None
+    raise UserError(
+      f"the checkpoint's data position ({json.dumps(own)[:120]}) doesn't fit this data pipeline "
+      f"(dataset_type={dataset_type}: {e}); resume with the data settings it was "
+      "written with, or use load_parameters_path"
+    ) from None
 
 
 def _refuse_second_run(cfg, out_dir):
@@ -136,9 +142,11 @@ def _refuse_second_run(cfg, out_dir):
   path = pathlib.Path(out_dir) / "metrics.jsonl"
   resumable = cfg.enable_checkpointing or cfg.load_full_state_path
   if not resumable and path.is_file() and path.stat().st_size > 0:
-    raise UserError(f"run directory {out_dir} already holds the metrics of an earlier run ({path.name}) and "
-                    "enable_checkpointing=false leaves nothing to resume; pick another run_name (or delete the "
-                    "directory to start over)")
+    raise UserError(
+      f"run directory {out_dir} already holds the metrics of an earlier run ({path.name}) and "
+      "enable_checkpointing=false leaves nothing to resume; pick another run_name (or delete the "
+      "directory to start over)"
+    )
 
 
 def _own_directory(cfg, out_dir, process_index):
@@ -162,8 +170,7 @@ def _state(cfg, mesh, checkpointer, data_iter, process_index):
     template = TrainState(0, params, rest, jax.jit(tx.init)(params)).checkpoint_tree()
   step, tree, data_state = _initial_state(cfg, checkpointer, template)
   if step >= cfg.steps:
-    print(f"the run is at step {step} already (steps={cfg.steps}): nothing to train; raise steps to go on",
-          flush=True)
+    print(f"the run is at step {step} already (steps={cfg.steps}): nothing to train; raise steps to go on", flush=True)
   _restore_position(data_iter, data_state, process_index, cfg.dataset_type)
   return graphdef, tx, TrainState(step, tree["params"], tree.get("amax_history", rest), tree["opt_state"])
 
@@ -174,14 +181,28 @@ def _hooks(cfg, run_shape, steps, batch_sharding, checkpointer, writer, out_dir,
   hooks = []
   if steps.eval_step is not None:
     make_iterator = lambda: data.make_eval_iterator(cfg, run_shape, process_index, process_count)
-    hooks.append(EvalHook(steps.eval_step, make_iterator, lambda batch: global_batch(batch, batch_sharding),
-                          every=cfg.eval_interval, eval_steps=cfg.eval_steps, last_step=cfg.steps))
-  hooks.append(metrics.MetricsHook(writer, flops=accounting.training_flops_per_device(cfg),
-                                   tokens_per_device=run_shape.tokens_per_step / run_shape.num_devices,
-                                   schedule=optimizer.learning_rate_schedule(cfg)))
+    hooks.append(
+      EvalHook(
+        steps.eval_step,
+        make_iterator,
+        lambda batch: global_batch(batch, batch_sharding),
+        every=cfg.eval_interval,
+        eval_steps=cfg.eval_steps,
+        last_step=cfg.steps,
+      )
+    )
+  hooks.append(
+    metrics.MetricsHook(
+      writer,
+      flops=accounting.training_flops_per_device(cfg),
+      tokens_per_device=run_shape.tokens_per_step / run_shape.num_devices,
+      schedule=optimizer.learning_rate_schedule(cfg),
+    )
+  )
   if checkpointer is not None:
-    hooks.append(CheckpointHook(checkpointer, last_step=cfg.steps, gather_positions=_gather_positions,
-                                before_save=writer.flush))
+    hooks.append(
+      CheckpointHook(checkpointer, last_step=cfg.steps, gather_positions=_gather_positions, before_save=writer.flush)
+    )
   hooks.append(profiler.ProfilerHook(profiler.Profiler(cfg, out_dir, enabled=process_index == 0)))
   hooks.append(StopHook(checkpointer.directory if checkpointer is not None else None))
   return hooks
@@ -198,18 +219,26 @@ def build(cfg, plan, run_shape, devices, process_index, process_count, out_dir):
     opened.append(data_iter)
     checkpointer = None
     if cfg.enable_checkpointing:
-      checkpointer = checkpointing.Checkpointer(os.path.join(out_dir, "checkpoints"), period=cfg.checkpoint_period,
-                                                max_to_keep=cfg.max_num_checkpoints_to_keep,
-                                                async_save=cfg.async_checkpointing, cfg=cfg)
+      checkpointer = checkpointing.Checkpointer(
+        os.path.join(out_dir, "checkpoints"),
+        period=cfg.checkpoint_period,
+        max_to_keep=cfg.max_num_checkpoints_to_keep,
+        async_save=cfg.async_checkpointing,
+        cfg=cfg,
+      )
       opened.append(checkpointer)
     graphdef, tx, state = _state(cfg, mesh, checkpointer, data_iter, process_index)
     shardings = jax.tree.map(lambda a: a.sharding, (state.params, state.opt_state))
-    writer = metrics.MetricsWriter(out_dir, tensorboard=cfg.enable_tensorboard, flush_period=cfg.log_period,
-                                   enabled=process_index == 0, first_step=state.step)
+    writer = metrics.MetricsWriter(
+      out_dir,
+      tensorboard=cfg.enable_tensorboard,
+      flush_period=cfg.log_period,
+      enabled=process_index == 0,
+      first_step=state.step,
+    )
     opened.append(writer)
     steps = StepFunctions(cfg, graphdef, tx, plan, shardings)
-    hooks = _hooks(cfg, run_shape, steps, batch_sharding, checkpointer, writer, out_dir, process_index,
-                   process_count)
+    hooks = _hooks(cfg, run_shape, steps, batch_sharding, checkpointer, writer, out_dir, process_index, process_count)
     opened[:] = [data_iter, *hooks]  # the hooks close what they hold: the writer, the checkpointer, the profiler
     batches = prefetch.Prefetcher(data_iter, lambda b: global_batch(b, batch_sharding), cfg.data_prefetch_depth)
     opened.append(batches)

@@ -19,6 +19,7 @@ from MaxText.quantization import stats as quant_stats
 class TrainState:
   """What one step turns into the next: the step count (steps completed), parameters, the amax histories
   (`rest`, empty unless FP8 delayed scaling) and the optimizer state."""
+
   step: int
   params: typing.Any
   rest: typing.Any
@@ -35,11 +36,18 @@ class TrainState:
 def loss_terms(model, batch, layer_precisions, key, stats_sinks=None):
   """(sum of weighted token cross-entropies, sum of weights) for one micro-batch; with num_vocab_tiling > 1
   the lm head and its cross-entropy run tile by tile (model/vocab_tiling.py), never all logits at once."""
-  x = model.hidden(batch["inputs"], batch["positions"], batch["segment_ids"], layer_precisions=layer_precisions,
-                   key=key, stats_sinks=stats_sinks)
+  x = model.hidden(
+    batch["inputs"],
+    batch["positions"],
+    batch["segment_ids"],
+    layer_precisions=layer_precisions,
+    key=key,
+    stats_sinks=stats_sinks,
+  )
   if model.num_vocab_tiling > 1:
-    xent_sum = vocab_tiling.xent_sum(x, model.head_kernel(), batch["targets"], batch["weights"],
-                                     model.num_vocab_tiling, model.dtype)
+    xent_sum = vocab_tiling.xent_sum(
+      x, model.head_kernel(), batch["targets"], batch["weights"], model.num_vocab_tiling, model.dtype
+    )
   else:
     xent = optax.softmax_cross_entropy_with_integer_labels(model.logits(x), batch["targets"])
     xent_sum = jnp.sum(xent * batch["weights"])
@@ -57,8 +65,10 @@ def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0, 
   def micro_grads(params, rest, micro_batch, key):
     """Loss terms and gradients w.r.t. the parameters, `rest` (the amax histories: their gradient is the
     new history) and the telemetry sinks (their gradient is the stats)."""
+
     def loss_sum(p, r, s):
       return loss_terms(nnx.merge(graphdef, p, r), micro_batch, plan.layer_ranges, key, s or None)
+
     return jax.value_and_grad(loss_sum, argnums=(0, 1, 2), has_aux=True)(params, rest, sinks if num_layers else {})
 
   def step_fn(params, rest, opt_state, batch, step):
@@ -68,20 +78,30 @@ def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0, 
     def accumulate(carry, xs):
       micro_batch, index = xs
       acc_xent, acc_weight, acc_grads, acc_stats, rest = carry
-      (xent, weight), (grads, new_rest, stats) = micro_grads(params, rest, micro_batch,
-                                                             jax.random.fold_in(step_key, index))
+      (xent, weight), (grads, new_rest, stats) = micro_grads(
+        params, rest, micro_batch, jax.random.fold_in(step_key, index)
+      )
       # Each micro-batch quantizes with the histories the previous one left (TE's behaviour).
-      return (acc_xent + xent, acc_weight + weight, jax.tree.map(jnp.add, acc_grads, grads),
-              jax.tree.map(jnp.add, acc_stats, stats), new_rest), None
+      return (
+        acc_xent + xent,
+        acc_weight + weight,
+        jax.tree.map(jnp.add, acc_grads, grads),
+        jax.tree.map(jnp.add, acc_stats, stats),
+        new_rest,
+      ), None
 
     zeros = jax.tree.map(jnp.zeros_like, (params, sinks if num_layers else {}))
-    (xent, weights, grads, stats, rest), _ = jax.lax.scan(accumulate, (0.0, 0.0, *zeros, rest),
-                                                          (micro, jnp.arange(accumulation_steps)))
+    (xent, weights, grads, stats, rest), _ = jax.lax.scan(
+      accumulate, (0.0, 0.0, *zeros, rest), (micro, jnp.arange(accumulation_steps))
+    )
     grads = jax.tree.map(lambda g: g / jnp.maximum(weights, 1.0), grads)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    step_metrics = {"loss": xent / jnp.maximum(weights, 1.0), "total_weights": weights,
-                    "grad_norm": optax.tree.norm(grads)}
+    step_metrics = {
+      "loss": xent / jnp.maximum(weights, 1.0),
+      "total_weights": weights,
+      "grad_norm": optax.tree.norm(grads),
+    }
     if num_layers:
       step_metrics["quant_stats"] = jax.tree.map(lambda s: s / accumulation_steps, stats)
     return params, rest, opt_state, step_metrics
@@ -92,8 +112,10 @@ def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0, 
 
 def make_eval_step(graphdef, plan):
   """Jitted (sum of token losses, sum of weights) of one batch under the plan's forward numerics."""
+
   def eval_fn(params, rest, batch):
     return loss_terms(nnx.merge(graphdef, params, rest), batch, plan.layer_ranges, jax.random.key(0))
+
   return jax.jit(eval_fn)
 
 
@@ -114,7 +136,16 @@ class StepFunctions:
     plan = self.plans[high]
     stats = plan.quantized and cfg.quantization_stats_period > 0 and step % cfg.quantization_stats_period == 0
     if (high, stats) not in self._compiled:
-      self._compiled[high, stats] = (plan, make_train_step(
-          self.graphdef, self.tx, plan, cfg.gradient_accumulation_steps, cfg.seed,
-          num_layers=cfg.base_num_decoder_layers if stats else 0, state_shardings=self.state_shardings))
+      self._compiled[high, stats] = (
+        plan,
+        make_train_step(
+          self.graphdef,
+          self.tx,
+          plan,
+          cfg.gradient_accumulation_steps,
+          cfg.seed,
+          num_layers=cfg.base_num_decoder_layers if stats else 0,
+          state_shardings=self.state_shardings,
+        ),
+      )
     return self._compiled[high, stats]

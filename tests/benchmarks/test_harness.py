@@ -17,8 +17,10 @@ from tests.trainer.test_train import SMALL
 
 def test_parse_mode(capsys):
   assert modes.parse_mode("bf16") == ("bf16", ["quantization="])
-  assert modes.parse_mode("te_nvfp4:disable_rht=true") == ("te_nvfp4:disable_rht=true",
-                                                           ["quantization=te_nvfp4", "disable_rht=true"])
+  assert modes.parse_mode("te_nvfp4:disable_rht=true") == (
+    "te_nvfp4:disable_rht=true",
+    ["quantization=te_nvfp4", "disable_rht=true"],
+  )
   with pytest.raises(SystemExit) as e:
     modes.parse_mode("te_nvfp4:disable_rht")
   assert e.value.code == 2 and "is not key=value" in capsys.readouterr().err
@@ -50,8 +52,17 @@ def test_parity_harness_writes_curves_table_plot_and_resumes(tmp_path, capsys, m
   # From another directory, with a relative --config and --out (read against it), a third directory in between.
   (tmp_path / "work").mkdir()
   monkeypatch.chdir(tmp_path / "work")
-  args = ["--config", os.path.relpath(REPO / "configs" / "llama3_tiny.yml"), "--steps", "4", "--out", "..",
-          "--modes", "bf16,te_fp8_currentscaling", *SMALL]  # any two recipes (FP8 compiles faster than NVFP4)
+  args = [
+    "--config",
+    os.path.relpath(REPO / "configs" / "llama3_tiny.yml"),
+    "--steps",
+    "4",
+    "--out",
+    "..",
+    "--modes",
+    "bf16,te_fp8_currentscaling",
+    *SMALL,
+  ]  # any two recipes (FP8 compiles faster than NVFP4)
   assert parity.main(args) == 0
   monkeypatch.chdir(tmp_path)
   args[args.index("--config") + 1] = str(REPO / "configs" / "llama3_tiny.yml")
@@ -67,10 +78,28 @@ def test_parity_harness_writes_curves_table_plot_and_resumes(tmp_path, capsys, m
 
 @pytest.mark.heavy
 def test_throughput_table(tmp_path, capsys):
-  assert throughput.main(["--config", str(REPO / "configs" / "llama3_tiny.yml"), "--steps", "2", "--warmup", "1",
-                          "--profile-steps", "1", "--modes", "bf16,te_fp8_currentscaling",
-                          "--json", str(tmp_path / "t.json"),
-                          "--out", str(tmp_path / "runs"), *SMALL]) == 0
+  assert (
+    throughput.main(
+      [
+        "--config",
+        str(REPO / "configs" / "llama3_tiny.yml"),
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--profile-steps",
+        "1",
+        "--modes",
+        "bf16,te_fp8_currentscaling",
+        "--json",
+        str(tmp_path / "t.json"),
+        "--out",
+        str(tmp_path / "runs"),
+        *SMALL,
+      ]
+    )
+    == 0
+  )
   out = capsys.readouterr().out
   assert "| mode | median step (s) |" in out and "| te_fp8_currentscaling |" in out
   rows = json.loads((tmp_path / "t.json").read_text())["rows"]
@@ -92,7 +121,7 @@ def test_throughput_table(tmp_path, capsys):
     memory = row["step_memory"]
     assert row["peak_memory_bytes"] == memory["peak_bytes"] > state_bytes
     assert memory["argument_bytes"] >= state_bytes and memory["temp_bytes"] > 0
-    assert row["peak_memory_bytes"] < 2 ** 30
+    assert row["peak_memory_bytes"] < 2**30
     assert row["attention_tflops"] is None  # XLA attention: its dots count as GEMMs
   assert rows[0]["peak_memory_bytes"] != rows[1]["peak_memory_bytes"]  # FP8 keeps other residuals
 
@@ -102,8 +131,22 @@ def test_attention_bench_needs_a_gpu_for_cudnn_and_times_the_xla_variants(tmp_pa
     pytest.skip("measures on a GPU: run benchmarks/attention_bench.py")
   assert attention_bench.main(["--config", str(REPO / "configs" / "bench" / "llama3_8b_4layers_seq8192.yml")]) == 0
   assert "need an NVIDIA GPU" in capsys.readouterr().out
-  assert attention_bench.main(["--config", str(REPO / "configs" / "llama3_tiny.yml"), "--variants", "xla,layer_rope",
-                               "--iters", "2", "--json", str(tmp_path / "a.json"), *SMALL]) == 0
+  assert (
+    attention_bench.main(
+      [
+        "--config",
+        str(REPO / "configs" / "llama3_tiny.yml"),
+        "--variants",
+        "xla,layer_rope",
+        "--iters",
+        "2",
+        "--json",
+        str(tmp_path / "a.json"),
+        *SMALL,
+      ]
+    )
+    == 0
+  )
   assert "| xla |" in capsys.readouterr().out
   rows = json.loads((tmp_path / "a.json").read_text())["rows"]
   flops = accounting.training_flops_per_device(config.load(REPO / "configs" / "llama3_tiny.yml", SMALL))
@@ -113,9 +156,14 @@ def test_attention_bench_needs_a_gpu_for_cudnn_and_times_the_xla_variants(tmp_pa
 
 def test_user_errors_exit_2_before_anything_trains(tmp_path, capsys):
   tiny = ["--config", str(REPO / "configs" / "llama3_tiny.yml"), *SMALL]
-  for main, extra in ((throughput.main, ["--modes", ","]), (parity.main, ["--modes", ","]),
-                      (throughput.main, ["--modes", "bf16,te_nvfp5"]), (parity.main, ["--modes", "bf16,te_nvfp5"]),
-                      (parity.main, ["--modes", "bf16,te_nvfp4:disable_rht"]), (throughput.main, ["--steps", "0"])):
+  for main, extra in (
+    (throughput.main, ["--modes", ","]),
+    (parity.main, ["--modes", ","]),
+    (throughput.main, ["--modes", "bf16,te_nvfp5"]),
+    (parity.main, ["--modes", "bf16,te_nvfp5"]),
+    (parity.main, ["--modes", "bf16,te_nvfp4:disable_rht"]),
+    (throughput.main, ["--steps", "0"]),
+  ):
     with pytest.raises(SystemExit) as e:
       main(tiny + ["--out", str(tmp_path / "out")] + extra)
     assert e.value.code == 2
@@ -125,8 +173,17 @@ def test_user_errors_exit_2_before_anything_trains(tmp_path, capsys):
 
 
 def test_parity_never_relabels_runs_from_other_overrides(tmp_path, capsys):
-  args = ["--config", str(REPO / "configs" / "llama3_tiny.yml"), "--steps", "2", "--out", str(tmp_path),
-          "--modes", "bf16", *SMALL]
+  args = [
+    "--config",
+    str(REPO / "configs" / "llama3_tiny.yml"),
+    "--steps",
+    "2",
+    "--out",
+    str(tmp_path),
+    "--modes",
+    "bf16",
+    *SMALL,
+  ]
   assert parity.main(args) == 0
   with pytest.raises(SystemExit) as e:
     parity.main(args + ["learning_rate=1e-2"])
@@ -141,16 +198,22 @@ def test_step_memory_without_a_profile_compiles_the_step_here():
   n = accounting.param_count(cfg)
   # Takes parameters + AdamW state (4 + 8 bytes per f32 parameter) and returns them updated (donated: aliased).
   assert memory["argument_bytes"] >= 12 * n and memory["alias_bytes"] >= 12 * n
-  assert memory["peak_bytes"] == (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
-                                  + memory["temp_bytes"]) > 12 * n
+  assert (
+    memory["peak_bytes"]
+    == (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"] + memory["temp_bytes"])
+    > 12 * n
+  )
   assert throughput.step_memory(cfg, {"memory": {"peak_bytes": 1}}) == {"peak_bytes": 1}  # the profiled step's
 
 
-@pytest.mark.parametrize("argv, message", [
+@pytest.mark.parametrize(
+  "argv, message",
+  [
     (["--steps", "x"], "argument --steps: invalid int value: 'x' (see --help)"),
     (["--stpes", "3"], "unrecognized arguments: --stpes (see --help)"),
     (["--modes"], "argument --modes: expected one argument (see --help)"),
-])
+  ],
+)
 def test_argument_errors_are_the_one_line_form(capsys, argv, message):
   """argparse's usage + error becomes the project's one line, exit 2; an unknown --option is not taken for a
   trainer override."""
@@ -162,8 +225,10 @@ def test_argument_errors_are_the_one_line_form(capsys, argv, message):
 
 
 def test_quant_error_table_gives_each_modes_error_and_mse_change(capsys):
-  errors = {"te_nvfp4": {("gate", "x"): 0.1, ("gate", "dy"): 0.2},
-            "te_nvfp4:nvfp4_4over6=all": {("gate", "x"): 0.09, ("gate", "dy"): 0.2}}
+  errors = {
+    "te_nvfp4": {("gate", "x"): 0.1, ("gate", "dy"): 0.2},
+    "te_nvfp4:nvfp4_4over6=all": {("gate", "x"): 0.09, ("gate", "dy"): 0.2},
+  }
   lines = quant_error.markdown(errors).splitlines()
   assert lines[0].startswith("| GEMM | operand | te_nvfp4 rel. err | te_nvfp4:nvfp4_4over6=all rel. err |")
   assert lines[2] == "| gate | x | 0.1000 | 0.0900 | -19.0% |"  # MSE: 0.9**2 - 1

@@ -14,8 +14,18 @@ from tests.conftest import REPO
 from tests.trainer.test_train import SMALL
 
 # Student t 97.5% quantiles (two-sided 95%) from the standard tables.
-T975 = {1: 12.7062047, 2: 4.30265273, 3: 3.18244631, 4: 2.77644511, 5: 2.57058184, 9: 2.26215716,
-        10: 2.22813885, 20: 2.08596345, 29: 2.04522964, 30: 2.04227246}
+T975 = {
+  1: 12.7062047,
+  2: 4.30265273,
+  3: 3.18244631,
+  4: 2.77644511,
+  5: 2.57058184,
+  9: 2.26215716,
+  10: 2.22813885,
+  20: 2.08596345,
+  29: 2.04522964,
+  30: 2.04227246,
+}
 
 
 def test_t_quantile_matches_the_tables():
@@ -92,8 +102,9 @@ def test_final_eval_gaps_are_paired_by_seed():
 
 
 def test_seed_plan_pairs_modes_and_sizes_the_final_eval(tmp_path):
-  seeds, runs = parity.plan_runs(REPO / "configs" / "llama3_tiny.yml", ["seed=5"], ["bf16", "te_nvfp4"], 50, 3,
-                                 100_000, tmp_path)
+  seeds, runs = parity.plan_runs(
+    REPO / "configs" / "llama3_tiny.yml", ["seed=5"], ["bf16", "te_nvfp4"], 50, 3, 100_000, tmp_path
+  )
   assert seeds == [5, 6, 7]
   assert [(r.mode, r.seed) for r in runs] == [(m, s) for s in seeds for m in ("bf16", "te_nvfp4")]
   assert all(r.cfg.seed == r.seed and r.run_dir == tmp_path / "runs" / f"seed{r.seed}" / r.mode for r in runs)
@@ -117,8 +128,13 @@ def _losses(out):
 
 
 def _parity(*args):
-  return subprocess.Popen([sys.executable, "benchmarks/parity.py", *args], cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+  return subprocess.Popen(
+    [sys.executable, "benchmarks/parity.py", *args],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
 
 
 @pytest.mark.slow
@@ -145,8 +161,11 @@ def _stop_after_first_step(proc, signum):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel,signum,code", [(1, signal.SIGTERM, 0), (2, signal.SIGINT, 130)],
-                         ids=["sigterm_sequential", "sigint_parallel"])
+@pytest.mark.parametrize(
+  "parallel,signum,code",
+  [(1, signal.SIGTERM, 0), (2, signal.SIGINT, 130)],
+  ids=["sigterm_sequential", "sigint_parallel"],
+)
 def test_a_stopped_harness_exits_cleanly_and_resumes_to_the_same_curves(tmp_path, parallel, signum, code):
   args = [*ARGS, "--steps", "60", "--parallel", str(parallel)]
   rc, out = _stop_after_first_step(_parity(*args, "--out", str(tmp_path / "cut")), signum)

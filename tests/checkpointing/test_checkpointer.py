@@ -20,9 +20,18 @@ from tests.trainer.test_train import SMALL
 
 
 def _cfg(tmp_path, *extra, run="r"):
-  return config.load(REPO / "configs" / "llama3_tiny.yml",
-                     SMALL + [f"base_output_directory={tmp_path}", f"run_name={run}", "enable_checkpointing=true",
-                              "steps=8", "checkpoint_period=3"] + list(extra))
+  return config.load(
+    REPO / "configs" / "llama3_tiny.yml",
+    SMALL
+    + [
+      f"base_output_directory={tmp_path}",
+      f"run_name={run}",
+      "enable_checkpointing=true",
+      "steps=8",
+      "checkpoint_period=3",
+    ]
+    + list(extra),
+  )
 
 
 def _sigterm_after(monkeypatch, stop_step):
@@ -33,14 +42,18 @@ def _sigterm_after(monkeypatch, stop_step):
     real(self, step, record)
     if step == stop_step:
       os.kill(os.getpid(), signal.SIGTERM)
+
   monkeypatch.setattr(metrics.MetricsWriter, "write", write)
 
 
-@pytest.mark.parametrize("extra", [
+@pytest.mark.parametrize(
+  "extra",
+  [
     [],
     ["quantization=te_fp8_delayedscaling", "amax_history_len=4"],  # the amax histories are state too
     pytest.param("grain+nvfp4", id="grain-te_nvfp4"),  # the data position, and NVFP4's SR keys
-])
+  ],
+)
 @pytest.mark.heavy
 def test_sigterm_then_rerun_gives_identical_losses(tmp_path, monkeypatch, corpus, extra):
   if isinstance(extra, str):
@@ -52,19 +65,35 @@ def test_sigterm_then_rerun_gives_identical_losses(tmp_path, monkeypatch, corpus
   # Steps 0..4, and step 5 when it was already dispatched (steps run one ahead of their metrics); then a
   # checkpoint after the last finished step and a clean stop.
   assert len(first) in (5, 6)
-  assert sorted(int(p.name) for p in (tmp_path / "cut" / "checkpoints").iterdir()
-                if p.name.isdigit()) == [3, len(first)]
+  assert sorted(int(p.name) for p in (tmp_path / "cut" / "checkpoints").iterdir() if p.name.isdigit()) == [
+    3,
+    len(first),
+  ]
   second = train.train(_cfg(tmp_path, *extra, run="cut"))
   assert first + second == full  # bit for bit
 
 
-@pytest.mark.parametrize("sig, code", [  # SIGTERM's handling runs in-process in test_sigterm_then_rerun_...
-    pytest.param(signal.SIGTERM, 0, marks=pytest.mark.slow), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(
+  "sig, code",
+  [  # SIGTERM's handling runs in-process in test_sigterm_then_rerun_...
+    pytest.param(signal.SIGTERM, 0, marks=pytest.mark.slow),
+    (signal.SIGINT, 130),
+  ],
+)
 def test_cli_stop_signal_exits_cleanly_and_resumes(tmp_path, sig, code):
   """SIGTERM (Slurm) and SIGINT (Ctrl-C) both checkpoint and stop; a second trainer on the live run is refused."""
-  args = [sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL, f"base_output_directory={tmp_path}",
-          "run_name=cli", "enable_checkpointing=true", "checkpoint_period=100000", "steps=100000",
-          "async_checkpointing=false"]  # runs until the signal
+  args = [
+    sys.executable,
+    "train.py",
+    "configs/llama3_tiny.yml",
+    *SMALL,
+    f"base_output_directory={tmp_path}",
+    "run_name=cli",
+    "enable_checkpointing=true",
+    "checkpoint_period=100000",
+    "steps=100000",
+    "async_checkpointing=false",
+  ]  # runs until the signal
   proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   lines = []
   for line in proc.stdout:
@@ -72,9 +101,10 @@ def test_cli_stop_signal_exits_cleanly_and_resumes(tmp_path, sig, code):
     if line.startswith("completed step: 2,"):
       second = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
       assert second.returncode == 2 and second.stderr.strip() == (
-          f"error: run directory {tmp_path}/cli is in use by pid {proc.pid} on {os.uname().nodename} (since "
-          f"{second.stderr.split('(since ')[1].split(')')[0]}); wait for it to finish, stop it, or pick another "
-          "run_name"), second.stderr
+        f"error: run directory {tmp_path}/cli is in use by pid {proc.pid} on {os.uname().nodename} (since "
+        f"{second.stderr.split('(since ')[1].split(')')[0]}); wait for it to finish, stop it, or pick another "
+        "run_name"
+      ), second.stderr
       proc.send_signal(sig)
   assert proc.wait(timeout=120) == code, "".join(lines[-5:])
   stop = [l for l in lines if l.startswith(f"{sig.name}: stopped after step")]
@@ -106,8 +136,19 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
   assert sorted(p.name for p in ckpts.iterdir()) == ["3", "6", "6.corrupt", "7", "7.corrupt"]
   for step in ("7", "6", "3"):
     _corrupt(tmp_path / "r" / "checkpoints" / step)
-  assert train.main([str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, f"base_output_directory={tmp_path}",
-                     "run_name=r", "enable_checkpointing=true", "steps=7"]) == 2
+  assert (
+    train.main(
+      [
+        str(REPO / "configs" / "llama3_tiny.yml"),
+        *SMALL,
+        f"base_output_directory={tmp_path}",
+        "run_name=r",
+        "enable_checkpointing=true",
+        "steps=7",
+      ]
+    )
+    == 2
+  )
   err = capsys.readouterr().err
   assert "error: no readable checkpoint in" in err and "to start from step 0" in err
 
@@ -124,9 +165,20 @@ def test_load_parameters_and_full_state_paths(tmp_path):
 
 
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
-  code = train.main([str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, f"base_output_directory={tmp_path}",
-                     "run_name=nan", "enable_checkpointing=true", "checkpoint_period=1", "steps=30",
-                     "learning_rate=1e9", "warmup_steps_fraction=0", "gradient_clipping_threshold=0"])
+  code = train.main(
+    [
+      str(REPO / "configs" / "llama3_tiny.yml"),
+      *SMALL,
+      f"base_output_directory={tmp_path}",
+      "run_name=nan",
+      "enable_checkpointing=true",
+      "checkpoint_period=1",
+      "steps=30",
+      "learning_rate=1e9",
+      "warmup_steps_fraction=0",
+      "gradient_clipping_threshold=0",
+    ]
+  )
   err = capsys.readouterr().err
   assert code == 2 and "error: loss is nan at step" in err and "the last good checkpoint is" in err
   bad_step = int(err.split("at step ")[1].split(";")[0])
@@ -135,10 +187,24 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_pat
 
 
 def _cli(tmp_path, *extra, run="cli"):
-  return subprocess.run([sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL,
-                         f"base_output_directory={tmp_path}", f"run_name={run}", "enable_checkpointing=true",
-                         "checkpoint_period=2", "async_checkpointing=false", *extra],
-                        cwd=REPO, capture_output=True, text=True, timeout=300)
+  return subprocess.run(
+    [
+      sys.executable,
+      "train.py",
+      "configs/llama3_tiny.yml",
+      *SMALL,
+      f"base_output_directory={tmp_path}",
+      f"run_name={run}",
+      "enable_checkpointing=true",
+      "checkpoint_period=2",
+      "async_checkpointing=false",
+      *extra,
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
 
 @pytest.mark.heavy
@@ -178,20 +244,34 @@ def _limited_file_size(limit_bytes):
   def apply():
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of the process being killed
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
   return apply
 
 
 def test_a_save_that_fails_in_the_background_stops_the_run_at_once(tmp_path):
   """Checkpoints too big for the storage (async saves): one line naming the step, no step directory a resume
   would pick, and the run stops at the next step rather than training on without checkpoints."""
-  args = [sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL, f"base_output_directory={tmp_path}",
-          "run_name=full", "enable_checkpointing=true", "checkpoint_period=2", "steps=40", "async_checkpointing=true"]
-  proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300,
-                        preexec_fn=_limited_file_size(150_000))
+  args = [
+    sys.executable,
+    "train.py",
+    "configs/llama3_tiny.yml",
+    *SMALL,
+    f"base_output_directory={tmp_path}",
+    "run_name=full",
+    "enable_checkpointing=true",
+    "checkpoint_period=2",
+    "steps=40",
+    "async_checkpointing=true",
+  ]
+  proc = subprocess.run(
+    args, cwd=REPO, capture_output=True, text=True, timeout=300, preexec_fn=_limited_file_size(150_000)
+  )
   assert proc.returncode == 2 and proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr[-3000:]
   assert "Traceback" not in proc.stdout  # the compilation cache's failed writes: one warning line at most
-  assert proc.stderr.startswith(f"error: saving the checkpoint at step 2 in {tmp_path}/full/checkpoints failed (File "
-                                "too large); no checkpoint was saved before it")
+  assert proc.stderr.startswith(
+    f"error: saving the checkpoint at step 2 in {tmp_path}/full/checkpoints failed (File "
+    "too large); no checkpoint was saved before it"
+  )
   assert not [p for p in (tmp_path / "full" / "checkpoints").iterdir() if p.name.isdigit()]
   assert proc.stdout.count("completed step") <= 6  # noticed within a few steps, not at the next period
 
@@ -205,10 +285,20 @@ def test_a_checkpoint_directory_gone_mid_run_names_the_step_and_the_last_good_on
     if step == 4:  # after checkpoint 4 is written: the directory is removed and a file takes its place
       shutil.rmtree(ckpts)
       ckpts.write_text("not a directory")
+
   monkeypatch.setattr(metrics.MetricsWriter, "write", write)
-  code = train.main([str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, f"base_output_directory={tmp_path}",
-                     "run_name=gone", "enable_checkpointing=true", "checkpoint_period=3", "steps=9",
-                     "async_checkpointing=false"])
+  code = train.main(
+    [
+      str(REPO / "configs" / "llama3_tiny.yml"),
+      *SMALL,
+      f"base_output_directory={tmp_path}",
+      "run_name=gone",
+      "enable_checkpointing=true",
+      "checkpoint_period=3",
+      "steps=9",
+      "async_checkpointing=false",
+    ]
+  )
   err = capsys.readouterr().err
   assert code == 2 and err.startswith(f"error: saving the checkpoint at step 6 in {ckpts} failed ("), err
   assert len(err.strip().splitlines()) == 1
@@ -216,16 +306,30 @@ def test_a_checkpoint_directory_gone_mid_run_names_the_step_and_the_last_good_on
 
 def test_resume_under_other_data_or_recipe_state_is_named_and_nothing_is_moved(tmp_path, corpus, capsys):
   def run(*extra, name="x"):
-    code = train.main([str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, f"base_output_directory={tmp_path}",
-                       f"run_name={name}", "enable_checkpointing=true", "checkpoint_period=2",
-                       "async_checkpointing=false", *extra])
+    code = train.main(
+      [
+        str(REPO / "configs" / "llama3_tiny.yml"),
+        *SMALL,
+        f"base_output_directory={tmp_path}",
+        f"run_name={name}",
+        "enable_checkpointing=true",
+        "checkpoint_period=2",
+        "async_checkpointing=false",
+        *extra,
+      ]
+    )
     out, err = capsys.readouterr()
     return code, out, err
+
   assert run("steps=2")[0] == 0  # synthetic data, checkpoint 2
   ckpts = tmp_path / "x" / "checkpoints"
   code, _, err = run("steps=4", *grain_overrides(corpus))
-  assert code == 2 and "can't continue under this config: it was written reading other data " \
-      "(dataset_type: 'synthetic' -> 'grain'" in err and len(err.strip().splitlines()) == 1, err
+  assert (
+    code == 2
+    and "can't continue under this config: it was written reading other data (dataset_type: 'synthetic' -> 'grain'"
+    in err
+    and len(err.strip().splitlines()) == 1
+  ), err
   code, _, err = run("steps=4", "quantization=te_fp8_delayedscaling", "amax_history_len=4")
   assert code == 2 and "FP8 delayed scaling's amax histories" in err, err
   assert sorted(p.name for p in ckpts.iterdir()) == ["2"]  # good checkpoints stay where they are
@@ -234,6 +338,7 @@ def test_resume_under_other_data_or_recipe_state_is_named_and_nothing_is_moved(t
   code, out, _ = run("steps=3", f"load_full_state_path={tmp_path / 'best'}", "enable_checkpointing=false", name="y")
   assert code == 0 and f"loaded the full state from {tmp_path / 'best'} (step 2)" in out
   assert "completed step: 2," in out and "completed step: 1," not in out
+
 
 def test_checkpoints_from_before_absolute_paths_still_match(tmp_path, monkeypatch):
   """A checkpoint's meta written when paths were kept as typed (relative) is read against the working directory,
@@ -244,4 +349,5 @@ def test_checkpoints_from_before_absolute_paths_still_match(tmp_path, monkeypatc
   assert checkpointing.settings_difference(stored, cfg) is None
   stored["grain_train_files"] = "other/train-*.array_record"
   assert checkpointing.settings_difference(stored, cfg) == (
-      f"grain_train_files: 'other/train-*.array_record' -> '{tmp_path}/data/train-*.array_record'")
+    f"grain_train_files: 'other/train-*.array_record' -> '{tmp_path}/data/train-*.array_record'"
+  )

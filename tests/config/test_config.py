@@ -31,21 +31,38 @@ def test_defaults_inheritance_and_overrides(tmp_path):
 
 def test_llama_configs_have_the_published_shapes():
   c8 = config.load(REPO / "configs" / "llama3_8b.yml")
-  assert (c8.base_emb_dim, c8.base_num_query_heads, c8.base_num_kv_heads, c8.base_num_decoder_layers,
-          c8.base_mlp_dim, c8.head_dim, c8.vocab_size, c8.rope_max_timescale,
-          c8.normalization_layer_epsilon) == (4096, 32, 8, 32, 14336, 128, 128256, 500000.0, 1e-5)
+  assert (
+    c8.base_emb_dim,
+    c8.base_num_query_heads,
+    c8.base_num_kv_heads,
+    c8.base_num_decoder_layers,
+    c8.base_mlp_dim,
+    c8.head_dim,
+    c8.vocab_size,
+    c8.rope_max_timescale,
+    c8.normalization_layer_epsilon,
+  ) == (4096, 32, 8, 32, 14336, 128, 128256, 500000.0, 1e-5)
   c405 = config.load(REPO / "configs" / "llama3.1_405b.yml")
-  assert (c405.base_emb_dim, c405.base_num_query_heads, c405.base_num_kv_heads, c405.base_num_decoder_layers,
-          c405.base_mlp_dim) == (16384, 128, 8, 126, 53248)
+  assert (
+    c405.base_emb_dim,
+    c405.base_num_query_heads,
+    c405.base_num_kv_heads,
+    c405.base_num_decoder_layers,
+    c405.base_mlp_dim,
+  ) == (16384, 128, 8, 126, 53248)
 
 
-@pytest.mark.parametrize("override, message", [
+@pytest.mark.parametrize(
+  "override, message",
+  [
     ("learning_rat=1", "unknown key 'learning_rat' (did you mean 'learning_rate'?)"),
     ("steps=abc", "steps='abc' is not a valid int"),
     ("steps=1.5", "steps='1.5' is not a valid int"),
     ("scan_layers=maybe", "scan_layers='maybe' is not a valid bool"),
-    ("remat_policy=some",
-     "remat_policy='some' is not one of: none, minimal, minimal_with_context, minimal_with_quantization,"),
+    (
+      "remat_policy=some",
+      "remat_policy='some' is not one of: none, minimal, minimal_with_context, minimal_with_quantization,",
+    ),
     ("quantization=te_nvfp5", "quantization='te_nvfp5' is not one of"),
     ("steps=0", "steps=0 must be > 0"),
     ("base_num_kv_heads=3", "must be a multiple of base_num_kv_heads=3"),
@@ -76,7 +93,8 @@ def test_llama_configs_have_the_published_shapes():
     ("base_output_directory=$MAXTEXT_TEST_UNSET/runs", "the environment variable MAXTEXT_TEST_UNSET is not set"),
     ("run_name=../../x", "run_name='../../x' must be a plain directory name"),
     ("run_name=..", "run_name='..' must be a plain directory name"),
-])
+  ],
+)
 def test_override_errors(override, message):
   extra = ["rope_low_freq_factor=4"] if override == "rope_type=llama3.1" else []
   with pytest.raises(config.ConfigError) as e:
@@ -104,8 +122,14 @@ def test_paths_expand_home_and_variables_when_loaded(tmp_path, monkeypatch):
   monkeypatch.setenv("MAXTEXT_TEST_DATA", "/data/shards")
   path = tmp_path / "paths.yml"
   path.write_text(f"base_config: {BASE}\nbase_output_directory: ~/runs\n")
-  cfg = config.load(path, ["grain_train_files=${MAXTEXT_TEST_DATA}/train-*.array_record",
-                           "tokenizer_path=$MAXTEXT_TEST_DATA/tok.json", "load_parameters_path=~/ckpt/5"])
+  cfg = config.load(
+    path,
+    [
+      "grain_train_files=${MAXTEXT_TEST_DATA}/train-*.array_record",
+      "tokenizer_path=$MAXTEXT_TEST_DATA/tok.json",
+      "load_parameters_path=~/ckpt/5",
+    ],
+  )
   assert cfg.base_output_directory == f"{tmp_path}/runs"
   assert cfg.grain_train_files == "/data/shards/train-*.array_record"
   assert cfg.tokenizer_path == "/data/shards/tok.json" and cfg.load_parameters_path == f"{tmp_path}/ckpt/5"
@@ -118,10 +142,18 @@ def test_relative_paths_are_made_absolute_against_the_working_directory_once(tmp
   against another. Empty paths and URLs stay as they are."""
   (tmp_path / "work").mkdir()
   monkeypatch.chdir(tmp_path / "work")
-  cfg = config.load(os.path.relpath(REPO / "configs" / "llama3_tiny.yml"),
-                    ["base_output_directory=runs", "tokenizer_path=../tok dir/tokenizer.json",
-                     "grain_eval_files=data/eval-*.array_record", "load_parameters_path=./runs/a/checkpoints/4",
-                     "jax_cache_dir=cache", "dataset_path=gs://bucket/tfds", "load_full_state_path="])
+  cfg = config.load(
+    os.path.relpath(REPO / "configs" / "llama3_tiny.yml"),
+    [
+      "base_output_directory=runs",
+      "tokenizer_path=../tok dir/tokenizer.json",
+      "grain_eval_files=data/eval-*.array_record",
+      "load_parameters_path=./runs/a/checkpoints/4",
+      "jax_cache_dir=cache",
+      "dataset_path=gs://bucket/tfds",
+      "load_full_state_path=",
+    ],
+  )
   work = tmp_path / "work"
   assert cfg.base_output_directory == f"{work}/runs" and cfg.jax_cache_dir == f"{work}/cache"
   assert cfg.tokenizer_path == f"{tmp_path}/tok dir/tokenizer.json"
@@ -135,10 +167,13 @@ def test_relative_paths_are_made_absolute_against_the_working_directory_once(tmp
   assert config.absolute_path(cfg.base_output_directory) == cfg.base_output_directory  # idempotent
 
 
-@pytest.mark.parametrize("nodes, gpus, message", [
+@pytest.mark.parametrize(
+  "nodes, gpus, message",
+  [
     (20, 4, "--nodes 20: the config's dcn_data_parallelism=-1, dcn_fsdp_parallelism=32 needs a multiple of 32 node(s)"),
     (32, 8, "--gpus-per-node 8: the config's ici_fsdp_parallelism=4 needs exactly 4 GPU(s) per node"),
-])
+  ],
+)
 def test_check_job_fits_the_mesh_to_nodes_and_gpus(nodes, gpus, message):
   cfg = config.load(REPO / "configs" / "gb300" / "llama3.1_405b_nvfp4.yml", ["dcn_data_parallelism=-1"])
   config.check_job(cfg, 64, 4)  # 2 data-parallel replicas of the 32-node FSDP group
@@ -154,10 +189,23 @@ def test_check_cli_needs_pyyaml_but_not_jax(tmp_path):
   shim = tmp_path / "jax"
   shim.mkdir()
   (shim / "__init__.py").write_text("raise ImportError('no jax on this machine')\n")
-  run = lambda *args: subprocess.run([sys.executable, "-m", "MaxText.config", *args], cwd=REPO, text=True,
-                                     capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)})
-  ok = run("--check", "--nodes", "64", "--gpus-per-node", "4", "configs/gb300/llama3.1_405b_nvfp4.yml",
-           "dcn_data_parallelism=-1")
+  run = lambda *args: subprocess.run(
+    [sys.executable, "-m", "MaxText.config", *args],
+    cwd=REPO,
+    text=True,
+    capture_output=True,
+    timeout=120,
+    env={**os.environ, "PYTHONPATH": str(tmp_path)},
+  )
+  ok = run(
+    "--check",
+    "--nodes",
+    "64",
+    "--gpus-per-node",
+    "4",
+    "configs/gb300/llama3.1_405b_nvfp4.yml",
+    "dcn_data_parallelism=-1",
+  )
   assert (ok.returncode, ok.stdout) == (0, "config ok\n"), ok.stderr
   bad = run("--check", "configs/gb300/llama3.1_405b_nvfp4.yml", "quantization=te_nvfp5")
   assert bad.returncode == 2 and bad.stderr.startswith("error: command line: quantization='te_nvfp5' is not one of")
@@ -203,12 +251,17 @@ def test_run_shape_derivations():
     config.RunShape.of(cfg.replace(per_device_batch_size=0.5), 1)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["configs/llama3_tiny.yml", "learning_rat=0.1"],
-     "command line: unknown key 'learning_rat' (did you mean 'learning_rate'?)"),
+@pytest.mark.parametrize(
+  "args, message",
+  [
+    (
+      ["configs/llama3_tiny.yml", "learning_rat=0.1"],
+      "command line: unknown key 'learning_rat' (did you mean 'learning_rate'?)",
+    ),
     (["configs/llama3_tiny.yml", "steps=ten"], "command line: steps='ten' is not a valid int"),
     (["configs/nope.yml"], "config file not found: configs/nope.yml"),
-])
+  ],
+)
 def test_cli_errors_are_one_line_with_exit_code_2(args, message):
   proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2

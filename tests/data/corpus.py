@@ -19,19 +19,37 @@ The slings and arrows of outrageous fortune.
 
 def make_corpus(directory: pathlib.Path, *extra):
   from scripts import prepare_data  # pylint: disable=import-outside-toplevel
+
   text_dir = directory / "text"
   text_dir.mkdir(parents=True, exist_ok=True)
   for i in range(6):
     (text_dir / f"part{i}.txt").write_text(f"Part {i}.\n\n" + TEXT * (i + 2), encoding="utf-8")
   out = directory / "data"
-  assert prepare_data.main(["--text-files", str(text_dir / "*.txt"), "--output", str(out), "--num-shards", "2",
-                            "--doc-chars", "300", "--eval-every", "5", *extra]) == 0
+  assert (
+    prepare_data.main(
+      [
+        "--text-files",
+        str(text_dir / "*.txt"),
+        "--output",
+        str(out),
+        "--num-shards",
+        "2",
+        "--doc-chars",
+        "300",
+        "--eval-every",
+        "5",
+        *extra,
+      ]
+    )
+    == 0
+  )
   return out
 
 
 def write_shard(path: pathlib.Path, records, record_format=None):
   """An ArrayRecord shard of `records` (bytes), with a metadata.json beside it when `record_format` is given."""
   from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=import-outside-toplevel
+
   path.parent.mkdir(parents=True, exist_ok=True)
   writer = ArrayRecordWriter(str(path), "group_size:1")
   for record in records:
@@ -43,8 +61,13 @@ def write_shard(path: pathlib.Path, records, record_format=None):
 
 
 def grain_overrides(corpus_dir):
-  return ["dataset_type=grain", f"grain_train_files={corpus_dir}/train-*.array_record",
-          f"grain_eval_files={corpus_dir}/eval-*.array_record", "tokenizer_type=byte", "vocab_size=258"]
+  return [
+    "dataset_type=grain",
+    f"grain_train_files={corpus_dir}/train-*.array_record",
+    f"grain_eval_files={corpus_dir}/eval-*.array_record",
+    "tokenizer_type=byte",
+    "vocab_size=258",
+  ]
 
 
 __all__ = ["REPO", "grain_overrides", "make_corpus", "write_shard"]

@@ -62,15 +62,29 @@ def test_processes_read_disjoint_documents(corpus):
 
 
 def test_tfds_source_trains_and_evaluates(corpus, tmp_path, capsys):
-  cfg = config.load(REPO / "configs" / "llama3_tiny.yml", SMALL + [
-      "dataset_type=tfds", f"dataset_path={corpus}/tfds", "dataset_name=plays", "eval_split=validation",
-      "tokenizer_type=byte", "vocab_size=258", "steps=3", "eval_interval=3", "eval_steps=2",
-      f"base_output_directory={tmp_path}", "run_name=tfds"])
+  cfg = config.load(
+    REPO / "configs" / "llama3_tiny.yml",
+    SMALL
+    + [
+      "dataset_type=tfds",
+      f"dataset_path={corpus}/tfds",
+      "dataset_name=plays",
+      "eval_split=validation",
+      "tokenizer_type=byte",
+      "vocab_size=258",
+      "steps=3",
+      "eval_interval=3",
+      "eval_steps=2",
+      f"base_output_directory={tmp_path}",
+      "run_name=tfds",
+    ],
+  )
   losses = train.train(cfg)
   assert len(losses) == 3 and "eval after step 2: loss:" in capsys.readouterr().out
   record = [json.loads(l) for l in (tmp_path / "tfds" / "metrics.jsonl").read_text().splitlines()][-1]
   assert 2.0 < record["eval_loss"] < 7.0 and record["eval_weights"] > 0
   import sys
+
   assert "tensorflow" not in sys.modules  # read through the ArrayRecord data source, no TensorFlow
 
 
@@ -86,13 +100,34 @@ def test_pretokenized_records_and_bad_token_ids(tmp_path):
 
 def test_data_errors_are_clear_cli_lines(corpus, tmp_path, capsys):
   base = [str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, "steps=2", f"base_output_directory={tmp_path}"]
-  assert train.main(base + ["dataset_type=grain", f"grain_train_files={tmp_path}/none-*.array_record",
-                            "tokenizer_type=byte", "vocab_size=258"]) == 2
+  assert (
+    train.main(
+      base
+      + [
+        "dataset_type=grain",
+        f"grain_train_files={tmp_path}/none-*.array_record",
+        "tokenizer_type=byte",
+        "vocab_size=258",
+      ]
+    )
+    == 2
+  )
   assert "matches no files; run scripts/prepare_data.py" in capsys.readouterr().err
   from array_record.python.array_record_module import ArrayRecordWriter
+
   ArrayRecordWriter(str(tmp_path / "empty-0.array_record"), "group_size:1").close()
-  assert train.main(base + ["dataset_type=grain", f"grain_train_files={tmp_path}/empty-*.array_record",
-                            "tokenizer_type=byte", "vocab_size=258"]) == 2
+  assert (
+    train.main(
+      base
+      + [
+        "dataset_type=grain",
+        f"grain_train_files={tmp_path}/empty-*.array_record",
+        "tokenizer_type=byte",
+        "vocab_size=258",
+      ]
+    )
+    == 2
+  )
   assert "holds no records" in capsys.readouterr().err
   # Text tokenized with the byte tokenizer has ids up to 257: vocab_size 258 is right, 200 is not.
   assert train.main(base + grain_overrides(corpus)[:-1] + ["vocab_size=200"]) == 2
@@ -115,12 +150,26 @@ def test_shards_are_checked_before_training(corpus, tmp_path, capsys):
   assert "set grain_record_format=text" in err
   for name, content in (("zero", b""), ("junk", b"not an array record file" * 10)):
     (tmp_path / f"{name}-0.array_record").write_bytes(content)
-    assert train.main(base + ["dataset_type=grain", f"grain_train_files={tmp_path}/{name}-*.array_record",
-                              "tokenizer_type=byte", "vocab_size=258"]) == 2
+    assert (
+      train.main(
+        base
+        + [
+          "dataset_type=grain",
+          f"grain_train_files={tmp_path}/{name}-*.array_record",
+          "tokenizer_type=byte",
+          "vocab_size=258",
+        ]
+      )
+      == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("error: grain_train_files: ") and len(err.strip().splitlines()) == 1, err
-  overrides = grain_overrides(corpus)[:2] + [f"grain_eval_files={tmp_path}/typo-*.array_record"] + grain_overrides(
-      corpus)[3:] + ["eval_interval=1"]
+  overrides = (
+    grain_overrides(corpus)[:2]
+    + [f"grain_eval_files={tmp_path}/typo-*.array_record"]
+    + grain_overrides(corpus)[3:]
+    + ["eval_interval=1"]
+  )
   assert train.main(base + overrides) == 2
   err = capsys.readouterr().err
   assert "grain_eval_files=" in err and "matches no files" in err
@@ -129,6 +178,7 @@ def test_shards_are_checked_before_training(corpus, tmp_path, capsys):
 def test_prepare_data_refuses_what_it_would_corrupt(tmp_path, capsys):
   """Non-UTF-8 input is named (not turned into U+FFFD); too few documents for the shards is refused."""
   from scripts import prepare_data  # pylint: disable=import-outside-toplevel
+
   (tmp_path / "a.txt").write_bytes("To be, or not to be.\n\n".encode() * 40 + "caf\u00e9\n".encode("latin-1"))
   with pytest.raises(SystemExit) as e:
     prepare_data.main(["--text-files", str(tmp_path / "a.txt"), "--output", str(tmp_path / "out")])
@@ -137,8 +187,18 @@ def test_prepare_data_refuses_what_it_would_corrupt(tmp_path, capsys):
   assert f"{tmp_path / 'a.txt'} is not UTF-8 text (byte 883, line 81)" in err
   (tmp_path / "a.txt").write_text("To be, or not to be.\n\n" * 40, encoding="utf-8")
   with pytest.raises(SystemExit) as e:
-    prepare_data.main(["--text-files", str(tmp_path / "a.txt"), "--output", str(tmp_path / "out"),
-                       "--num-shards", "64", "--doc-chars", "300"])
+    prepare_data.main(
+      [
+        "--text-files",
+        str(tmp_path / "a.txt"),
+        "--output",
+        str(tmp_path / "out"),
+        "--num-shards",
+        "64",
+        "--doc-chars",
+        "300",
+      ]
+    )
   assert e.value.code == 2
   err = capsys.readouterr().err
   assert "can't fill --num-shards 64 (a shard would be empty)" in err
@@ -157,7 +217,7 @@ def test_packing_false_gives_one_right_padded_piece_per_row(corpus):
     assert 0 < n < 512 and batch.segment_ids[row].tolist() == [1] * n + [0] * (512 - n)
     assert batch.positions[row, :n].tolist() == list(range(n))
     assert batch.weights[row].tolist() == [1.0] * n + [0.0] * (512 - n)
-    assert np.array_equal(batch.inputs[row, 1:n], batch.targets[row, :n - 1])
+    assert np.array_equal(batch.inputs[row, 1:n], batch.targets[row, : n - 1])
   packed = next(data.make_iterator(cfg.replace(packing=True), config.RunShape.of(cfg, 1)))
   assert packed.segment_ids.max() > 1  # the same data packed: several documents per row
 
@@ -167,8 +227,11 @@ def _ids(*docs):
 
 
 def _ids_cfg(glob, *extra):
-  return config.load(REPO / "configs" / "llama3_tiny.yml", SMALL + [
-      "dataset_type=grain", f"grain_train_files={glob}", "grain_record_format=token_ids", "vocab_size=258", *extra])
+  return config.load(
+    REPO / "configs" / "llama3_tiny.yml",
+    SMALL
+    + ["dataset_type=grain", f"grain_train_files={glob}", "grain_record_format=token_ids", "vocab_size=258", *extra],
+  )
 
 
 def test_documents_too_short_for_a_sequence_fail_before_the_first_batch(tmp_path):
@@ -177,15 +240,18 @@ def test_documents_too_short_for_a_sequence_fail_before_the_first_batch(tmp_path
   cfg = _ids_cfg(shard)
   with pytest.raises(data.DataError) as e:
     data.make_iterator(cfg, config.RunShape.of(cfg, 1))
-  assert str(e.value).startswith("grain_train_files: none of the 50 documents this process reads has 2 or more "
-                                 "tokens (BOS/EOS included), so no sequence can be made from them")
+  assert str(e.value).startswith(
+    "grain_train_files: none of the 50 documents this process reads has 2 or more "
+    "tokens (BOS/EOS included), so no sequence can be made from them"
+  )
 
 
 def test_one_long_document_among_empty_ones_still_trains(tmp_path):
   """2n - 1 documents in a row without a sequence always hold a whole epoch: the check never fires while one
   document of the n makes sequences, however the epochs are shuffled (here ~26 epochs of 51 documents)."""
-  shard = write_shard(tmp_path / "train-0.array_record", _ids(list(range(1, 41)), *([7] for _ in range(50))),
-                      "token_ids")
+  shard = write_shard(
+    tmp_path / "train-0.array_record", _ids(list(range(1, 41)), *([7] for _ in range(50))), "token_ids"
+  )
   cfg = _ids_cfg(shard)
   iterator = data.make_iterator(cfg, config.RunShape.of(cfg, 1))
   batches = [next(iterator) for _ in range(3)]
@@ -233,10 +299,24 @@ def test_sigterm_ends_a_trainer_on_data_that_makes_no_sequence(tmp_path):
   """The trainer takes SIGTERM as a stop request; on data that can make no batch it must still end: with the
   DataError (the data check comes before the first batch), never a read loop that outlives the signal."""
   shard = write_shard(tmp_path / "data" / "train-0.array_record", _ids(*([t] for t in range(30))), "token_ids")
-  proc = subprocess.Popen([sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL, "dataset_type=grain",
-                           f"grain_train_files={shard}", "grain_record_format=token_ids", "vocab_size=258",
-                           f"base_output_directory={tmp_path}", "run_name=short"], cwd=REPO, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "train.py",
+      "configs/llama3_tiny.yml",
+      *SMALL,
+      "dataset_type=grain",
+      f"grain_train_files={shard}",
+      "grain_record_format=token_ids",
+      "vocab_size=258",
+      f"base_output_directory={tmp_path}",
+      "run_name=short",
+    ],
+    cwd=REPO,
+    text=True,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+  )
   assert proc.stdout.readline()  # the trainer has started (its signal handlers are in place by the plan)
   proc.send_signal(signal.SIGTERM)
   try:

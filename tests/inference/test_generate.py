@@ -24,15 +24,29 @@ PROMPTS = [[0, 51, 48, 46, 38, 48, 15], [0, 53, 80], [0, 45, 81, 60, 285, 310, 1
 
 def _generate(cfg, graphdef, params, rest, use_cache, strategy, seed=3, eos_id=None):
   plan = precision.plan_from_config(cfg.replace(disable_stochastic_rounding=True))
-  generate = Generator(cfg, graphdef, rest, plan.layer_ranges, len(PROMPTS), use_cache=use_cache, eos_id=eos_id,
-                       sampling=sampling.Sampling(strategy, 0.8, 5, 0.9))
+  generate = Generator(
+    cfg,
+    graphdef,
+    rest,
+    plan.layer_ranges,
+    len(PROMPTS),
+    use_cache=use_cache,
+    eos_id=eos_id,
+    sampling=sampling.Sampling(strategy, 0.8, 5, 0.9),
+  )
   return generate(params, PROMPTS, seed=seed).completions
 
 
-@pytest.mark.parametrize("strategy, extra", [
-    ("greedy", ()), ("nucleus", ()),
-    pytest.param("weighted", (), marks=pytest.mark.slow), pytest.param("topk", (), marks=pytest.mark.slow),
-    pytest.param("greedy", ("scan_layers=false", "dtype=bfloat16"), id="greedy-loop-bf16", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  "strategy, extra",
+  [
+    ("greedy", ()),
+    ("nucleus", ()),
+    pytest.param("weighted", (), marks=pytest.mark.slow),
+    pytest.param("topk", (), marks=pytest.mark.slow),
+    pytest.param("greedy", ("scan_layers=false", "dtype=bfloat16"), id="greedy-loop-bf16", marks=pytest.mark.slow),
+  ],
+)
 @jax.default_matmul_precision("highest")
 def test_kv_cache_decode_equals_full_recompute(hf_tiny_import, strategy, extra):
   model = tiny.load(hf_tiny_import / "config.yml", "max_prefill_predict_length=12", "max_target_length=40", *extra)
@@ -61,10 +75,11 @@ def test_te_nvfp4_prefill_is_the_training_forward_pass(hf_tiny_import):
   cfg, graphdef, params, rest = tiny.load(hf_tiny_import / "config.yml", "quantization=te_nvfp4")
   layers = precision.plan_from_config(cfg.replace(disable_stochastic_rounding=True)).layer_ranges
   model = nnx.merge(graphdef, params, rest)
-  hidden, _ = model.decode_hidden(tokens, jnp.arange(tokens.shape[1])[None], KVCache.zeros(cfg, 1, 32),
-                                  layer_precisions=layers)
+  hidden, _ = model.decode_hidden(
+    tokens, jnp.arange(tokens.shape[1])[None], KVCache.zeros(cfg, 1, 32), layer_precisions=layers
+  )
   logits = np.asarray(model.logits(hidden))
   np.testing.assert_array_equal(logits, model(tokens, layer_precisions=layers))
   exact = reference_logits[2][None]  # transformers, float32
-  error = np.sqrt(np.mean((logits - exact) ** 2) / np.mean(exact ** 2))
+  error = np.sqrt(np.mean((logits - exact) ** 2) / np.mean(exact**2))
   assert 0.03 < error < 0.5  # E2M1 MLPs: the NVFP4 forward runs

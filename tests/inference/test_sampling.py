@@ -24,7 +24,7 @@ def test_weighted_draws_the_softmax_and_temperature_sharpens_it():
   counts = np.bincount(_draws(Sampling("weighted")), minlength=4) / 4000
   np.testing.assert_allclose(counts, PROBS, atol=0.03)
   cold = np.bincount(_draws(Sampling("weighted", temperature=0.25)), minlength=4) / 4000
-  expected = PROBS ** 4 / np.sum(PROBS ** 4)
+  expected = PROBS**4 / np.sum(PROBS**4)
   np.testing.assert_allclose(cold, expected, atol=0.03)
 
 

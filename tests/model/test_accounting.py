@@ -48,8 +48,10 @@ def test_memory_estimate_shards_state_and_scales_with_remat():
 def test_remat_policies_with_context_and_quantization_keep_more():
   cfg = _cfg("llama3_8b.yml", "per_device_batch_size=1", "max_target_length=8192")
   tokens, d, f = 8192, 4096, 14336
-  by_policy = {p: accounting.activation_bytes(cfg.replace(remat_policy=p), 1)
-               for p in ("minimal", "minimal_with_context", "minimal_with_quantization")}
+  by_policy = {
+    p: accounting.activation_bytes(cfg.replace(remat_policy=p), 1)
+    for p in ("minimal", "minimal_with_context", "minimal_with_quantization")
+  }
   assert by_policy["minimal_with_context"] - by_policy["minimal"] == 32 * tokens * 32 * 128 * 2
   assert by_policy["minimal_with_quantization"] == by_policy["minimal"]  # BF16: nothing quantized to keep
   fp8 = cfg.replace(quantization="te_fp8_currentscaling")
@@ -73,6 +75,7 @@ def test_memory_estimate_counts_the_amax_histories_the_model_allocates():
   """te_fp8_delayedscaling: the estimate holds every history the model builds (replicated on each device) and
   the new ones each step returns; recipes without a history add nothing."""
   import jax  # pylint: disable=import-outside-toplevel
+
   for overrides in (["quantization=te_fp8_delayedscaling"], ["attention_quantization=te_fp8_delayedscaling"]):
     cfg = _cfg("llama3_tiny.yml", "dataset_type=synthetic", "amax_history_len=16", *overrides)
     _, _, rest = abstract_model(cfg)
@@ -84,5 +87,5 @@ def test_memory_estimate_counts_the_amax_histories_the_model_allocates():
     assert mem.total_gib * accounting.GIB == mem.params + mem.grads + mem.optimizer + mem.activations + 2 * allocated
   assert accounting.amax_history_bytes(_cfg("llama3_tiny.yml", "quantization=te_nvfp4")) == 0
   # 405B with a 2^20-step history: 126 layers x 7 x 3 x 2^20 x 4 B, twice = 20.7 GiB that the preflight must see.
-  big = _cfg("llama3.1_405b.yml", "quantization=te_fp8_delayedscaling", f"amax_history_len={2 ** 20}")
+  big = _cfg("llama3.1_405b.yml", "quantization=te_fp8_delayedscaling", f"amax_history_len={2**20}")
   assert accounting.amax_history_bytes(big) / accounting.GIB == 2 * 126 * 7 * 3 * 4 / 1024

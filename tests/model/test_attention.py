@@ -11,8 +11,18 @@ from MaxText.model import attention
 from MaxText.model.decoder import Transformer
 from tests.conftest import REPO
 
-TINY = ["base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=8", "base_mlp_dim=48",
-        "base_num_decoder_layers=2", "vocab_size=64", "max_target_length=12", "dtype=float32", "remat_policy=none"]
+TINY = [
+  "base_emb_dim=32",
+  "base_num_query_heads=4",
+  "base_num_kv_heads=2",
+  "head_dim=8",
+  "base_mlp_dim=48",
+  "base_num_decoder_layers=2",
+  "vocab_size=64",
+  "max_target_length=12",
+  "dtype=float32",
+  "remat_policy=none",
+]
 GRAIN = ["dataset_type=grain", "grain_train_files=unused-*.array_record"]
 
 
@@ -35,8 +45,10 @@ def test_xla_kernel_without_segments_is_the_one_segment_kernel_bit_for_bit():
   ones = jnp.ones((2, 16), jnp.int32)
   causal, one_segment = (jax.jit(attention.dot_product_attention)(q, kk, v, s) for s in (None, ones))
   assert np.array_equal(np.asarray(causal, np.float32), np.asarray(one_segment, np.float32))
-  grads = [jax.jit(jax.grad(lambda q, s=s: attention.dot_product_attention(q, kk, v, s).astype(jnp.float32).sum()))(q)
-           for s in (None, ones)]
+  grads = [
+    jax.jit(jax.grad(lambda q, s=s: attention.dot_product_attention(q, kk, v, s).astype(jnp.float32).sum()))(q)
+    for s in (None, ones)
+  ]
   assert np.array_equal(np.asarray(grads[0], np.float32), np.asarray(grads[1], np.float32))
 
 

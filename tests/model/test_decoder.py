@@ -11,8 +11,17 @@ from MaxText.model import attention
 from MaxText.model.decoder import Transformer
 from tests.conftest import REPO
 
-TINY = ["base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=8", "base_mlp_dim=48",
-        "base_num_decoder_layers=2", "vocab_size=64", "max_target_length=12", "dtype=float32"]
+TINY = [
+  "base_emb_dim=32",
+  "base_num_query_heads=4",
+  "base_num_kv_heads=2",
+  "head_dim=8",
+  "base_mlp_dim=48",
+  "base_num_decoder_layers=2",
+  "vocab_size=64",
+  "max_target_length=12",
+  "dtype=float32",
+]
 
 
 def _cfg(*extra):
@@ -24,14 +33,14 @@ def _np_reference(params, tokens, cfg):
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), nnx.to_pure_dict(params))
   h, kv, dh = cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
   b, t = tokens.shape
-  rms = lambda x, s: x / np.sqrt((x ** 2).mean(-1, keepdims=True) + cfg.normalization_layer_epsilon) * s
+  rms = lambda x, s: x / np.sqrt((x**2).mean(-1, keepdims=True) + cfg.normalization_layer_epsilon) * s
   silu = lambda x: x / (1 + np.exp(-x))
   inv = 1.0 / cfg.rope_max_timescale ** (np.arange(0, dh, 2) / dh)
   ang = np.arange(t)[:, None] * inv[None]
   cos, sin = np.cos(ang), np.sin(ang)
 
   def rope(x):  # x [b, t, heads, dh]
-    x1, x2 = x[..., : dh // 2], x[..., dh // 2:]
+    x1, x2 = x[..., : dh // 2], x[..., dh // 2 :]
     c, s = cos[None, :, None], sin[None, :, None]
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1)
 

@@ -52,15 +52,19 @@ def test_bf16_matches_the_plain_path_to_bf16_rounding():
   tiled = lambda x, w, t, m: vocab_tiling.xent_sum(x, w, t, m, 4, jnp.bfloat16)
   plain = lambda x, w, t, m: _plain(x, w, t, m, jnp.bfloat16)
   (loss, (dx, dw, dm)), (want_loss, (want_dx, want_dw, want_dm)) = (
-      _loss_and_grads(f, x, w, targets, weights) for f in (tiled, plain))
+    _loss_and_grads(f, x, w, targets, weights) for f in (tiled, plain)
+  )
   assert loss == pytest.approx(float(want_loss), rel=1e-6)
   assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
-  np.testing.assert_allclose(np.float32(dx), np.float32(want_dx), rtol=0, atol=2 ** -8 * float(jnp.abs(want_dx).max()))
-  np.testing.assert_allclose(dw, want_dw, rtol=0, atol=2 ** -8 * float(jnp.abs(want_dw).max()))
+  np.testing.assert_allclose(np.float32(dx), np.float32(want_dx), rtol=0, atol=2**-8 * float(jnp.abs(want_dx).max()))
+  np.testing.assert_allclose(dw, want_dw, rtol=0, atol=2**-8 * float(jnp.abs(want_dw).max()))
   np.testing.assert_allclose(dm, want_dm, rtol=1e-6)
   # The tiled dW is the more exact one: against an f32 reference on the same bf16 operands.
-  exact = jax.jit(jax.grad(lambda w: _plain(x.astype(jnp.float32), w.astype(jnp.bfloat16).astype(jnp.float32), targets,
-                                    weights, jnp.float32)))(w)
+  exact = jax.jit(
+    jax.grad(
+      lambda w: _plain(x.astype(jnp.float32), w.astype(jnp.bfloat16).astype(jnp.float32), targets, weights, jnp.float32)
+    )
+  )(w)
   assert float(jnp.abs(dw - exact).max()) < float(jnp.abs(want_dw - exact).max())
 
 

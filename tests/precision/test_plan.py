@@ -22,19 +22,24 @@ def _recipes(plan):
 
 
 def test_default_scope_is_mlp_only_and_all_dense_quantizes_attention_too():
-  (a, b, r), = _recipes(precision.plan_from_config(_cfg("quantization=te_nvfp4")))
+  ((a, b, r),) = _recipes(precision.plan_from_config(_cfg("quantization=te_nvfp4")))
   assert (a, b) == (0, 2)
   assert [r[g] for g in ("q", "k", "v", "o")] == [""] * 4 and [r[g] for g in ("gate", "up", "down")] == ["te_nvfp4"] * 3
-  (_, _, r), = _recipes(precision.plan_from_config(_cfg("quantization=te_nvfp4", "quantization_scope=all_dense")))
+  ((_, _, r),) = _recipes(precision.plan_from_config(_cfg("quantization=te_nvfp4", "quantization_scope=all_dense")))
   assert set(r.values()) == {"te_nvfp4"}
-  (_, _, r), = _recipes(precision.plan_from_config(
-      _cfg("quantization=te_nvfp4", "attention_quantization=te_fp8_currentscaling")))
+  ((_, _, r),) = _recipes(
+    precision.plan_from_config(_cfg("quantization=te_nvfp4", "attention_quantization=te_fp8_currentscaling"))
+  )
   assert r["q"] == "te_fp8_currentscaling" and r["down"] == "te_nvfp4"
 
 
 def test_bf16_edge_layers_and_flops_share():
-  cfg = _cfg("quantization=te_nvfp4", "base_num_decoder_layers=6", "quantization_bf16_first_layers=1",
-             "quantization_bf16_last_layers=2")
+  cfg = _cfg(
+    "quantization=te_nvfp4",
+    "base_num_decoder_layers=6",
+    "quantization_bf16_first_layers=1",
+    "quantization_bf16_last_layers=2",
+  )
   plan = precision.plan_from_config(cfg)
   ranges = _recipes(plan)
   assert [(a, b) for a, b, _ in ranges] == [(0, 1), (1, 4), (4, 6)]
@@ -44,8 +49,11 @@ def test_bf16_edge_layers_and_flops_share():
   per_gemm, total = accounting.gemm_flops(cfg)
   mlp_per_layer = per_gemm["gate"] + per_gemm["up"] + per_gemm["down"]
   assert abs(share["te_nvfp4"] - 3 * mlp_per_layer / total.total) < 1e-12
-  assert all(p.recipe.name == "" for _, _, prec in precision.plan_from_config(cfg, high_precision=True).layer_ranges
-             for p in prec.values())
+  assert all(
+    p.recipe.name == ""
+    for _, _, prec in precision.plan_from_config(cfg, high_precision=True).layer_ranges
+    for p in prec.values()
+  )
   with pytest.raises(config.ConfigError, match="must be between 0"):
     _cfg("quantization_bf16_first_layers=2", "quantization_bf16_last_layers=1")
 
@@ -87,21 +95,36 @@ def test_dry_run_prints_the_plan(capsys):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("recipe, x_err", [
+@pytest.mark.parametrize(
+  "recipe, x_err",
+  [
     ("te_fp8_currentscaling", (0.01, 0.08)),  # E4M3's 3 mantissa bits: ~3.6% RMS on Gaussian-like values
     pytest.param("te_nvfp4", (0.03, 0.2), marks=pytest.mark.slow),  # E2M1: ~10%; its stats step compiles for ~40 s
-])
+  ],
+)
 def test_telemetry_is_logged_for_quantized_gemms_and_does_not_change_training(tmp_path, recipe, x_err):
   import json
-  run = lambda period: train.train(_cfg(f"quantization={recipe}", "disable_stochastic_rounding=true", "steps=3",
-                                        f"quantization_stats_period={period}",
-                                        "gradient_accumulation_steps=2", tmp=tmp_path / str(period)))
+
+  run = lambda period: train.train(
+    _cfg(
+      f"quantization={recipe}",
+      "disable_stochastic_rounding=true",
+      "steps=3",
+      f"quantization_stats_period={period}",
+      "gradient_accumulation_steps=2",
+      tmp=tmp_path / str(period),
+    )
+  )
   assert run(2) == run(0)
   records = [json.loads(l) for l in (tmp_path / "2" / "p" / "metrics.jsonl").read_text().splitlines()]
   assert [any(k.startswith("quant/") for k in r) for r in records] == [True, False, True]
   keys = {k for k in records[0] if k.startswith("quant/")}
-  assert keys == {f"quant/{g}/{r}/{s}" for g in ("gate", "up", "down")
-                  for r in ("x", "w", "dy", "w_t", "x_t", "dy_t") for s in ("rel_err", "saturated", "underflow")}
+  assert keys == {
+    f"quant/{g}/{r}/{s}"
+    for g in ("gate", "up", "down")
+    for r in ("x", "w", "dy", "w_t", "x_t", "dy_t")
+    for s in ("rel_err", "saturated", "underflow")
+  }
   assert all(x_err[0] < records[0][f"quant/{g}/x/rel_err"] < x_err[1] for g in ("gate", "up", "down"))
   with pytest.raises(config.ConfigError, match="quantization_stats_period=-1 must be >= 0"):
     _cfg("quantization_stats_period=-1")
@@ -110,8 +133,15 @@ def test_telemetry_is_logged_for_quantized_gemms_and_does_not_change_training(tm
 @pytest.mark.heavy
 def test_delayed_scaling_carries_the_amax_history_across_steps(tmp_path):
   import orbax.checkpoint as ocp
-  cfg = _cfg("quantization=te_fp8_delayedscaling", "amax_history_len=5", "steps=3", "enable_checkpointing=true",
-             "gradient_accumulation_steps=2", tmp=tmp_path)
+
+  cfg = _cfg(
+    "quantization=te_fp8_delayedscaling",
+    "amax_history_len=5",
+    "steps=3",
+    "enable_checkpointing=true",
+    "gradient_accumulation_steps=2",
+    tmp=tmp_path,
+  )
   losses = train.train(cfg)
   assert len(losses) == 3 and all(np.isfinite(losses))
   state = ocp.StandardCheckpointer().restore(tmp_path / "p" / "checkpoints" / "3" / "state")
@@ -128,12 +158,19 @@ def test_delayed_scaling_carries_the_amax_history_across_steps(tmp_path):
 
 # -- NVFP4 options: Four Over Six and backward_override -------------------------------------------------------------
 
+
 def test_nvfp4_option_keys_are_validated_in_one_line():
-  with pytest.raises(config.ConfigError, match=r"nvfp4_4over6='most' is not one of: none, weights, activations, "
-                                               r"gradients, all"):
+  with pytest.raises(
+    config.ConfigError,
+    match=r"nvfp4_4over6='most' is not one of: none, weights, activations, "
+    r"gradients, all",
+  ):
     _cfg("quantization=te_nvfp4", "nvfp4_4over6=most")
-  with pytest.raises(config.ConfigError, match=r"nvfp4_backward_override=dequantized applies to the NVFP4 recipes "
-                                               r"only, but quantization='te_fp8_currentscaling'"):
+  with pytest.raises(
+    config.ConfigError,
+    match=r"nvfp4_backward_override=dequantized applies to the NVFP4 recipes "
+    r"only, but quantization='te_fp8_currentscaling'",
+  ):
     _cfg("quantization=te_fp8_currentscaling", "nvfp4_backward_override=dequantized")
   with pytest.raises(config.ConfigError, match="nvfp4_4over6_err_mode=mae applies to the NVFP4 recipes only"):
     _cfg("nvfp4_4over6_err_mode=mae")
@@ -144,15 +181,18 @@ def test_nvfp4_option_keys_are_validated_in_one_line():
 
 
 def test_plan_shows_the_nvfp4_options_and_the_flops_they_leave_in_bf16(monkeypatch):
-  cfg = _cfg("quantization=te_nvfp4", "nvfp4_4over6=all", "nvfp4_4over6_err_mode=mae",
-             "nvfp4_backward_override=dequantized")
+  cfg = _cfg(
+    "quantization=te_nvfp4", "nvfp4_4over6=all", "nvfp4_4over6_err_mode=mae", "nvfp4_backward_override=dequantized"
+  )
   plan = precision.plan_from_config(cfg)
   recipe = plan.layer_ranges[0][2]["gate"].recipe
   assert (recipe.nvfp4_4over6, recipe.nvfp4_4over6_err_mode, recipe.backward_override) == ("all", "mae", "dequantized")
   text = precision.format_plan(plan, cfg, accounting.gemm_flops(cfg))
-  assert ("te_nvfp4: Four Over Six (mae) on x, w: each block's max to 6 or 4, the smaller error kept; global scale "
-          "6*256/amax; backward_override=dequantized: dgrad and wgrad in the compute dtype on the forward's quantized "
-          "x and w, dequantized, and unquantized dy") in text
+  assert (
+    "te_nvfp4: Four Over Six (mae) on x, w: each block's max to 6 or 4, the smaller error kept; global scale "
+    "6*256/amax; backward_override=dequantized: dgrad and wgrad in the compute dtype on the forward's quantized "
+    "x and w, dequantized, and unquantized dy"
+  ) in text
   per_gemm, total = accounting.gemm_flops(cfg)
   fprop_only = sum(per_gemm[g] for g in ("gate", "up", "down")) * cfg.base_num_decoder_layers / 3
   share = precision.flops_share(plan, (per_gemm, total))
@@ -168,9 +208,15 @@ def test_plan_shows_the_nvfp4_options_and_the_flops_they_leave_in_bf16(monkeypat
 def test_backward_override_step_quantizes_fprop_only_and_runs_bf16_gemms(override):
   from tests.trainer.test_train_step import _count_calls, _step_and_args  # pylint: disable=import-outside-toplevel
   from tests import hlo_dots  # pylint: disable=import-outside-toplevel
+
   for remat in ("none", "minimal_with_quantization"):
-    cfg = _cfg("quantization=te_nvfp4", f"nvfp4_backward_override={override}", "scan_layers=false",
-               "gradient_accumulation_steps=1", f"remat_policy={remat}")
+    cfg = _cfg(
+      "quantization=te_nvfp4",
+      f"nvfp4_backward_override={override}",
+      "scan_layers=false",
+      "gradient_accumulation_steps=1",
+      f"remat_policy={remat}",
+    )
     step, args = _step_and_args(cfg)
     assert _count_calls(jax.make_jaxpr(step)(*args).jaxpr, "quantize_for_gemm") == 2 * 3 * 2  # x, w per MLP GEMM
   by_dtype = hlo_dots.dot_flops_by_dtype(step.lower(*args).as_text())
@@ -179,12 +225,23 @@ def test_backward_override_step_quantizes_fprop_only_and_runs_bf16_gemms(overrid
 
 @pytest.mark.heavy
 def test_four_over_six_trains_from_the_command_line_and_te_refuses_it(tmp_path, capsys):
-  base = [str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, "quantization=te_nvfp4", "nvfp4_4over6=all",
-          f"base_output_directory={tmp_path}", "run_name=fos"]
+  base = [
+    str(REPO / "configs" / "llama3_tiny.yml"),
+    *SMALL,
+    "quantization=te_nvfp4",
+    "nvfp4_4over6=all",
+    f"base_output_directory={tmp_path}",
+    "run_name=fos",
+  ]
   assert train.main(base + ["steps=2"]) == 0
   losses = [float(l.rsplit("loss: ", 1)[1]) for l in capsys.readouterr().out.splitlines() if "completed step" in l]
   assert len(losses) == 2 and all(np.isfinite(losses))
   assert train.main(base + ["quantization_backend=te", "dry_run=true", "run_name=te"]) == 2
   err = capsys.readouterr().err.strip()
-  assert err.startswith("error: quantization_backend=te: te_nvfp4: nvfp4_4over6=all: Transformer Engine's JAX "
-                        "bindings (2.20) read neither nvfp4_4over6 nor backward_override") and "\n" not in err
+  assert (
+    err.startswith(
+      "error: quantization_backend=te: te_nvfp4: nvfp4_4over6=all: Transformer Engine's JAX "
+      "bindings (2.20) read neither nvfp4_4over6 nor backward_override"
+    )
+    and "\n" not in err
+  )

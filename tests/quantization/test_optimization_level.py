@@ -44,8 +44,14 @@ def test_every_quantizer_gives_the_same_bits_at_level_0_and_the_default(tmp_path
   runs = {}
   for name, flags in (("suite", os.environ["XLA_FLAGS"]), ("trainer", "")):
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / f"{name}.npz")], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+      [sys.executable, "-c", SCRIPT, str(tmp_path / f"{name}.npz")],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs[name] = dict(np.load(tmp_path / f"{name}.npz"))
   assert len(runs["suite"]) == 4 * 3 + 2 * 2 and runs["suite"].keys() == runs["trainer"].keys()

@@ -98,12 +98,23 @@ def test_delayed_scaling_history_is_returned_as_gradient():
 
 
 def test_recipe_registry_and_errors():
-  for name in ("", "te_nvfp4", "te_nvfp4_no_rht", "te_fp8_currentscaling", "te_fp8_delayedscaling",
-               "te_mxfp8", "mxfp4"):
+  for name in (
+    "",
+    "te_nvfp4",
+    "te_nvfp4_no_rht",
+    "te_fp8_currentscaling",
+    "te_fp8_delayedscaling",
+    "te_mxfp8",
+    "mxfp4",
+  ):
     assert get_recipe(name).name == name
   assert get_recipe("te_nvfp4_no_rht") == get_recipe("te_nvfp4", disable_rht=True).__class__(
-      **{**get_recipe("te_nvfp4", disable_rht=True).__dict__, "name": "te_nvfp4_no_rht",
-         "summary": get_recipe("te_nvfp4_no_rht").summary})
+    **{
+      **get_recipe("te_nvfp4", disable_rht=True).__dict__,
+      "name": "te_nvfp4_no_rht",
+      "summary": get_recipe("te_nvfp4_no_rht").summary,
+    }
+  )
   with pytest.raises(ValueError, match="te_nvfp4"):
     get_recipe("te_nvfp5")
   with pytest.raises(ValueError, match="disable_rht"):
@@ -129,10 +140,14 @@ def test_mx_needs_blocks_of_32():
 
 # -- NVFP4 recipe options: Four Over Six and backward_override ------------------------------------------------------
 
+
 def _operands(seed=0):
   kx, kw, kd = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kx, (64, 96), jnp.bfloat16), jax.random.normal(kw, (96, 32)) * 0.1,
-          jax.random.normal(kd, (64, 32), jnp.bfloat16))
+  return (
+    jax.random.normal(kx, (64, 96), jnp.bfloat16),
+    jax.random.normal(kw, (96, 32)) * 0.1,
+    jax.random.normal(kd, (64, 32), jnp.bfloat16),
+  )
 
 
 def _bf16_dot(a, b, dims):
@@ -142,6 +157,7 @@ def _bf16_dot(a, b, dims):
 def _quantizations(recipe, x, w, dy):
   """How many operand quantizations one forward + backward of qmatmul runs (quantize_for_gemm calls)."""
   from tests.trainer.test_train_step import _count_calls  # pylint: disable=import-outside-toplevel
+
   grads = lambda x, w: jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=jax.random.key(1)), x, w)[1](dy)
   return _count_calls(jax.make_jaxpr(grads)(x, w).jaxpr, "quantize_for_gemm")
 
@@ -168,8 +184,9 @@ def test_backward_override_dequantized_reuses_the_forward_quantized_operands():
   np.testing.assert_array_equal(dx, _bf16_dot(dy, w_hat, ((1,), (0,))))
   np.testing.assert_array_equal(dw, _bf16_dot(x_hat, dy, ((0,), (0,))).astype(jnp.float32))
   assert _quantizations(recipe, x, w, dy) == 2
-  high = jax.vjp(lambda x, w: qmatmul(x, w, get_recipe("te_nvfp4", backward_override="high_precision"),
-                                      key=jax.random.key(1)), x, w)[1](dy)
+  high = jax.vjp(
+    lambda x, w: qmatmul(x, w, get_recipe("te_nvfp4", backward_override="high_precision"), key=jax.random.key(1)), x, w
+  )[1](dy)
   assert 0.03 < _rel(dx, np.asarray(high[0], np.float32)) < 0.3  # the quantization error of w, not noise
 
 
@@ -211,7 +228,9 @@ def test_recipe_options_are_validated_and_te_refuses_them():
   assert get_recipe("te_nvfp4", nvfp4_4over6="weights", nvfp4_4over6_err_mode="mae").four_over_six("w_t") == "mae"
   assert get_recipe("te_nvfp4", nvfp4_4over6="weights").four_over_six("x") is None
   backends.resolve.cache_clear()
-  with pytest.raises(ValueError, match="quantization_backend=te: te_nvfp4: nvfp4_4over6=all: Transformer Engine's "
-                                       "JAX bindings .* read neither"):
+  with pytest.raises(
+    ValueError,
+    match="quantization_backend=te: te_nvfp4: nvfp4_4over6=all: Transformer Engine's JAX bindings .* read neither",
+  ):
     backends.resolve(recipe, backends.Choice.TE)
   assert backends.resolve(recipe, backends.Choice.AUTO) is backends.EMULATED

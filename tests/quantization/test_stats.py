@@ -40,7 +40,7 @@ def test_per_tensor_scale_too_large_saturates_the_right_blocks():
   q = emulated.quantize_operand(x, FP8, "x", scale=jnp.float32(448.0))  # a stale (delayed) scale: amax 1
   rel_err, saturated, underflow = np.asarray(stats.operand_stats(x, FP8, "x", q))
   assert saturated == 2 / 8 and underflow == 0.0
-  assert rel_err == pytest.approx(np.sqrt(2 * 9.0 ** 2 / (126 + 200)), rel=1e-6)
+  assert rel_err == pytest.approx(np.sqrt(2 * 9.0**2 / (126 + 200)), rel=1e-6)
 
 
 def test_rht_roles_are_measured_against_the_rotated_operand():
@@ -61,8 +61,9 @@ def test_sink_gradient_carries_stats_and_leaves_the_gemm_unchanged():
   def loss(x, w, sink):
     return jnp.sum(qmatmul(x, w, NVFP4, key=key, stats_sink=sink).astype(jnp.float32) ** 2)
 
-  plain = jax.jit(jax.grad(lambda x, w: jnp.sum(qmatmul(x, w, NVFP4, key=key).astype(jnp.float32) ** 2),
-                           argnums=(0, 1)))(x, w)
+  plain = jax.jit(
+    jax.grad(lambda x, w: jnp.sum(qmatmul(x, w, NVFP4, key=key).astype(jnp.float32) ** 2), argnums=(0, 1))
+  )(x, w)
   dx, dw, sink_grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, w, stats.empty_sink())
   np.testing.assert_array_equal(dx, plain[0])
   np.testing.assert_array_equal(dw, plain[1])

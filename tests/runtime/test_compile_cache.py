@@ -16,8 +16,10 @@ def _entries(path):
 
 def test_a_second_start_compiles_nothing_new(tmp_path):
   cache = tmp_path / "cache"
-  cfg = config.load(REPO / "configs" / "llama3_tiny.yml", SMALL + [
-      f"base_output_directory={tmp_path}", "steps=2", f"jax_cache_dir={cache}"])
+  cfg = config.load(
+    REPO / "configs" / "llama3_tiny.yml",
+    SMALL + [f"base_output_directory={tmp_path}", "steps=2", f"jax_cache_dir={cache}"],
+  )
   jax.clear_caches()  # nothing compiled in memory by earlier tests: every program of the run compiles here
   first = train.train(cfg.replace(run_name="first"))
   written = _entries(cache)

@@ -26,18 +26,33 @@ def _free_port():
 
 
 def _env(rank, port, nnodes=2):
-  return cpu_subprocess_env(2, JAX_COORDINATOR_IP="127.0.0.1", JAX_COORDINATOR_PORT=str(port), NNODES=str(nnodes),
-                            NODE_RANK=str(rank))
+  return cpu_subprocess_env(
+    2, JAX_COORDINATOR_IP="127.0.0.1", JAX_COORDINATOR_PORT=str(port), NNODES=str(nnodes), NODE_RANK=str(rank)
+  )
 
 
 @pytest.mark.heavy
 def test_two_processes_train_together_and_agree(tmp_path):
   port = _free_port()
-  args = [sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL, "steps=4", "dtype=float32",
-          "per_device_batch_size=2", f"base_output_directory={tmp_path}", "run_name=mp", "hardware=cpu",
-          "ici_fsdp_parallelism=2", "dcn_data_parallelism=2", "jax_distributed_initialization_timeout=120"]
-  procs = [subprocess.Popen(args, cwd=REPO, env=_env(rank, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True) for rank in (0, 1)]
+  args = [
+    sys.executable,
+    "train.py",
+    "configs/llama3_tiny.yml",
+    *SMALL,
+    "steps=4",
+    "dtype=float32",
+    "per_device_batch_size=2",
+    f"base_output_directory={tmp_path}",
+    "run_name=mp",
+    "hardware=cpu",
+    "ici_fsdp_parallelism=2",
+    "dcn_data_parallelism=2",
+    "jax_distributed_initialization_timeout=120",
+  ]
+  procs = [
+    subprocess.Popen(args, cwd=REPO, env=_env(rank, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for rank in (0, 1)
+  ]
   outs = [p.communicate(timeout=600) for p in procs]
   for p, (out, err) in zip(procs, outs):
     assert p.returncode == 0, err[-2000:]
@@ -45,28 +60,44 @@ def test_two_processes_train_together_and_agree(tmp_path):
   assert len(losses[0]) == 4 and losses[0] == losses[1]
   assert "mesh: data 2 x fsdp 2 x context 1 x tensor 1 (4 device(s))" in outs[0][0]
   # One process, one device, the same global batch of 8 sequences.
-  single = train.train(config.load(REPO / "configs" / "llama3_tiny.yml", SMALL + [
-      "steps=4", "dtype=float32", "per_device_batch_size=8", f"base_output_directory={tmp_path}", "run_name=one"]))
+  single = train.train(
+    config.load(
+      REPO / "configs" / "llama3_tiny.yml",
+      SMALL
+      + ["steps=4", "dtype=float32", "per_device_batch_size=8", f"base_output_directory={tmp_path}", "run_name=one"],
+    )
+  )
   assert losses[0] == pytest.approx([round(v, 3) for v in single], abs=1.5e-3)  # the step line prints 3 decimals
   assert (tmp_path / "mp" / "metrics.jsonl").read_text().count("\n") == 4  # written once, by process 0
 
 
 def test_unreachable_coordinator_is_a_clear_error(tmp_path):
-  args = [sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL, "steps=1", f"base_output_directory={tmp_path}",
-          "hardware=cpu", "jax_distributed_initialization_timeout=3"]
+  args = [
+    sys.executable,
+    "train.py",
+    "configs/llama3_tiny.yml",
+    *SMALL,
+    "steps=1",
+    f"base_output_directory={tmp_path}",
+    "hardware=cpu",
+    "jax_distributed_initialization_timeout=3",
+  ]
   proc = subprocess.run(args, cwd=REPO, env=_env(1, _free_port()), capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2
   err = proc.stderr.strip().splitlines()[-1]
   assert err.startswith("error: could not join the coordinator 127.0.0.1:") and "within 3 s" in err
 
 
-@pytest.mark.parametrize("nnodes, rank, message", [
+@pytest.mark.parametrize(
+  "nnodes, rank, message",
+  [
     ("2", "2", "NODE_RANK=2 but NNODES=2: ranks go from 0 to 1"),
     ("2", "-1", "NODE_RANK=-1 must be >= 0; set it to this process's rank, 0 to 1"),
     ("2", "one", "NODE_RANK='one' is not an integer"),
     ("0", "0", "NNODES=0 must be >= 1"),
     ("two", "0", "NNODES='two' is not an integer"),
-])
+  ],
+)
 def test_inconsistent_nnodes_and_node_rank_are_named(monkeypatch, nnodes, rank, message):
   monkeypatch.setenv("JAX_COORDINATOR_IP", "127.0.0.1")
   monkeypatch.setenv("NNODES", nnodes)
@@ -90,6 +121,7 @@ def _meet(port, ranks, count, timeout=3.0):
       results[rank] = None
     except distributed.DistributedError as e:
       results[rank] = str(e)
+
   threads = [threading.Thread(target=run, args=(r,)) for r in ranks]
   for t in threads:
     t.start()
@@ -107,8 +139,9 @@ def test_processes_meet_before_jax_and_a_wrong_one_is_named():
   assert missing[0].startswith("process 0: rank(s) 2 of NNODES=3 did not come within 1.5 s")
   assert missing[1].startswith("the coordinator 127.0.0.1:") and "stopped the job: rank(s) 2 of NNODES=3" in missing[1]
   mismatch = _meet(_free_port(), [0, 1], {0: 2, 1: 3})
-  assert mismatch[0] == ("process 0: rank 1 was started with NNODES=3 but process 0 with NNODES=2; give every "
-                         "process the same NNODES")
+  assert mismatch[0] == (
+    "process 0: rank 1 was started with NNODES=3 but process 0 with NNODES=2; give every process the same NNODES"
+  )
   assert "stopped the job: rank 1 was started with NNODES=3" in mismatch[1]
 
 
@@ -121,6 +154,7 @@ def test_a_rank_given_twice_is_named():
       results[i] = None
     except distributed.DistributedError as e:
       results[i] = str(e)
+
   peers = [threading.Thread(target=peer, args=(i,)) for i in range(2)]
   for t in peers:
     t.start()
@@ -137,18 +171,26 @@ def test_a_platform_that_is_not_there_is_one_line(tmp_path):
     with pytest.raises(distributed.DistributedError, match="^hardware=gpu but jax sees no GPU here"):
       distributed.check_platform(cfg)
     assert distributed.check_platform(cfg.replace(dry_run=True))  # planning a GPU job on a laptop is fine
-  proc = subprocess.run([sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL, "steps=1",
-                         f"base_output_directory={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300,
-                        env={**os.environ, "JAX_PLATFORMS": "nosuchplatform"})
+  proc = subprocess.run(
+    [sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL, "steps=1", f"base_output_directory={tmp_path}"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, "JAX_PLATFORMS": "nosuchplatform"},
+  )
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
   assert proc.stderr.strip().splitlines() == [
-      line for line in proc.stderr.strip().splitlines() if line.startswith("error: jax can't start JAX_PLATFORMS="
-                                                                            "'nosuchplatform' here")]
+    line
+    for line in proc.stderr.strip().splitlines()
+    if line.startswith("error: jax can't start JAX_PLATFORMS='nosuchplatform' here")
+  ]
 
 
 def test_a_stop_request_ends_the_wait_for_other_processes():
   """SIGTERM/SIGINT while a process waits for the others (up to the timeout): it stops at once, with the reason."""
   from MaxText.runtime import preemption  # pylint: disable=import-outside-toplevel
+
   try:
     with preemption.installed():
       preemption.request()

@@ -25,15 +25,17 @@ _SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("sig, code", [("SIGTERM", 0), ("SIGINT", 130)])
 def test_first_signal_requests_a_stop(sig, code):
-  proc = subprocess.run([sys.executable, "-c", _SCRIPT.format(sig=sig, twice=False)], cwd=REPO, capture_output=True,
-                        text=True, timeout=60)
+  proc = subprocess.run(
+    [sys.executable, "-c", _SCRIPT.format(sig=sig, twice=False)], cwd=REPO, capture_output=True, text=True, timeout=60
+  )
   assert proc.stdout.strip() == f"requested True {sig} {code}"
   assert proc.returncode == code and "stopping after the current step" in proc.stderr
 
 
 @pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGINT", 130)])
 def test_second_signal_ends_the_process(sig, code):
-  proc = subprocess.run([sys.executable, "-c", _SCRIPT.format(sig=sig, twice=True)], cwd=REPO, capture_output=True,
-                        text=True, timeout=60)
+  proc = subprocess.run(
+    [sys.executable, "-c", _SCRIPT.format(sig=sig, twice=True)], cwd=REPO, capture_output=True, text=True, timeout=60
+  )
   assert "still alive" not in proc.stdout and proc.returncode == code
   assert f"{sig} again: exiting now without a checkpoint" in proc.stderr

@@ -12,10 +12,13 @@ from tests.conftest import REPO
 
 def _hold(run_dir):
   """A process that takes the lock, says so, and waits for stdin to close."""
-  code = (f"import sys; from MaxText.runtime import run_lock; lock = run_lock.RunLock({str(run_dir)!r}).acquire(); "
-          "print('held', flush=True); sys.stdin.read()")
-  proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          text=True)
+  code = (
+    f"import sys; from MaxText.runtime import run_lock; lock = run_lock.RunLock({str(run_dir)!r}).acquire(); "
+    "print('held', flush=True); sys.stdin.read()"
+  )
+  proc = subprocess.Popen(
+    [sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+  )
   assert proc.stdout.readline().strip() == "held"
   return proc
 
@@ -43,8 +46,9 @@ def test_a_killed_owner_leaves_no_lock(tmp_path):
 def test_without_flock_a_dead_pid_on_this_host_is_taken_over(tmp_path):
   lock = run_lock.RunLock(str(tmp_path))
   dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-  (tmp_path / ".lock").write_text('{"host": "%s", "pid": %s, "since": "then"}' % (os.uname().nodename,
-                                                                                   dead.stdout.strip()))
+  (tmp_path / ".lock").write_text(
+    '{"host": "%s", "pid": %s, "since": "then"}' % (os.uname().nodename, dead.stdout.strip())
+  )
   assert lock._acquire_by_file() is lock  # pylint: disable=protected-access
   (tmp_path / ".lock").write_text('{"host": "%s", "pid": 1, "since": "then"}' % os.uname().nodename)  # alive
   with pytest.raises(run_lock.RunLockError, match="in use by pid 1"):

@@ -20,8 +20,9 @@ def _cfg(*extra):
 def test_mesh_shape_from_ici_and_dcn_keys():
   shape, dcn, ici = sharding.mesh_shape(_cfg(), 8)
   assert shape == {"data": 1, "fsdp": 8, "context": 1, "tensor": 1}  # defaults: ici_fsdp -1, dcn_data -1
-  shape, dcn, _ = sharding.mesh_shape(_cfg("ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
-                                           "dcn_data_parallelism=-1"), 8, num_processes=2)
+  shape, dcn, _ = sharding.mesh_shape(
+    _cfg("ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "dcn_data_parallelism=-1"), 8, num_processes=2
+  )
   assert shape == {"data": 2, "fsdp": 2, "context": 1, "tensor": 2} and dcn["data"] == 2
   with pytest.raises(sharding.ShardingError, match=r"has 6 devices but there are 8"):
     sharding.mesh_shape(_cfg("ici_fsdp_parallelism=3", "ici_tensor_parallelism=2"), 8)
@@ -33,10 +34,13 @@ def test_param_specs_and_block_checks():
   import jax
   from jax.sharding import PartitionSpec as P
   from MaxText.model.decoder import abstract_model
+
   _, params, _ = abstract_model(_cfg())
   specs = sharding.param_specs(params, {"data": 1, "fsdp": 4, "context": 1, "tensor": 2})
-  flat = {sharding.param_path(p): s for p, s in jax.tree_util.tree_flatten_with_path(
-      specs, is_leaf=lambda x: isinstance(x, P))[0]}
+  flat = {
+    sharding.param_path(p): s
+    for p, s in jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda x: isinstance(x, P))[0]
+  }
   assert flat["layers/mlp/gate/kernel"] == P(None, "fsdp", "tensor")
   assert flat["layers/mlp/down/kernel"] == P(None, "tensor", "fsdp")
   assert flat["embed/embedding"] == P("tensor", "fsdp") and flat["final_norm/scale"] == P(None)
@@ -51,10 +55,10 @@ def test_param_specs_and_block_checks():
 
 
 MESHES = {
-    "data8": ["ici_data_parallelism=8", "ici_fsdp_parallelism=1"],
-    "fsdp8": [],
-    "fsdp4_tensor2": ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"],
-    "fsdp2_context2_tensor2": ["ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"],
+  "data8": ["ici_data_parallelism=8", "ici_fsdp_parallelism=1"],
+  "fsdp8": [],
+  "fsdp4_tensor2": ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"],
+  "fsdp2_context2_tensor2": ["ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"],
 }
 SCRIPT = r"""
 import json, sys
@@ -108,8 +112,14 @@ def test_sharded_training_matches_one_device_on_every_mesh(tmp_path):
 
 def _train_on_cpu(tmp_path, runs, devices):
   """{recipe/mesh: losses} from SCRIPT on `devices` virtual CPU devices (CPU on a GPU machine too: like with like)."""
-  proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(SMALL), json.dumps(runs), str(tmp_path)],
-                        cwd=REPO, env=cpu_subprocess_env(devices), capture_output=True, text=True, timeout=900)
+  proc = subprocess.run(
+    [sys.executable, "-c", SCRIPT, json.dumps(SMALL), json.dumps(runs), str(tmp_path)],
+    cwd=REPO,
+    env=cpu_subprocess_env(devices),
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.split("RESULT")[-1])
 
@@ -119,8 +129,9 @@ def _run_meshes(tmp_path, runs):
   assert out.pop("gemm_identical")
   # One device, the same global batch of 8 sequences.
   recipes = {label.split("/")[0] for label in out}
-  references = _train_on_cpu(tmp_path, {f"{r}/one_device": ("" if r == "bf16" else r, ["per_device_batch_size=8"])
-                                         for r in recipes}, 1)
+  references = _train_on_cpu(
+    tmp_path, {f"{r}/one_device": ("" if r == "bf16" else r, ["per_device_batch_size=8"]) for r in recipes}, 1
+  )
   for label, losses in out.items():
     recipe = label.split("/")[0]
     reference = references[f"{recipe}/one_device"]

@@ -15,19 +15,35 @@ from MaxText.trainer import run_setup, train_step
 from tests.conftest import JAX_CACHE, REPO
 
 # vocab_size: the byte tokenizer's 258, so the grain-data tests compile the same programs as the synthetic ones.
-SMALL = ["base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=16", "base_mlp_dim=128",
-         "base_num_decoder_layers=2", "vocab_size=258", "max_target_length=32", "per_device_batch_size=8",
-         "learning_rate=3e-3", "enable_tensorboard=false", "dataset_type=synthetic", "eval_interval=0",
-         # One LR schedule whatever a test's step count (the schedule's constants are part of the compiled
-         # step), so the suite's trainings of one config share their compilations through the cache.
-         "learning_rate_schedule_steps=100", f"jax_cache_dir={JAX_CACHE}"]
-STEP_LINE = re.compile(r"^completed step: (\d+), seconds: [\d.]+, TFLOP/s/device: [\d.]+, "
-                       r"Tokens/s/device: [\d.]+, total_weights: (\d+), loss: ([\d.]+)$")
+SMALL = [
+  "base_emb_dim=64",
+  "base_num_query_heads=4",
+  "base_num_kv_heads=2",
+  "head_dim=16",
+  "base_mlp_dim=128",
+  "base_num_decoder_layers=2",
+  "vocab_size=258",
+  "max_target_length=32",
+  "per_device_batch_size=8",
+  "learning_rate=3e-3",
+  "enable_tensorboard=false",
+  "dataset_type=synthetic",
+  "eval_interval=0",
+  # One LR schedule whatever a test's step count (the schedule's constants are part of the compiled
+  # step), so the suite's trainings of one config share their compilations through the cache.
+  "learning_rate_schedule_steps=100",
+  f"jax_cache_dir={JAX_CACHE}",
+]
+STEP_LINE = re.compile(
+  r"^completed step: (\d+), seconds: [\d.]+, TFLOP/s/device: [\d.]+, "
+  r"Tokens/s/device: [\d.]+, total_weights: (\d+), loss: ([\d.]+)$"
+)
 
 
 def _cfg(tmp_path, *extra, run="t"):
-  return config.load(REPO / "configs" / "llama3_tiny.yml",
-                     SMALL + [f"base_output_directory={tmp_path}", f"run_name={run}"] + list(extra))
+  return config.load(
+    REPO / "configs" / "llama3_tiny.yml", SMALL + [f"base_output_directory={tmp_path}", f"run_name={run}"] + list(extra)
+  )
 
 
 def test_loss_falls_and_metrics_are_written(tmp_path):
@@ -71,10 +87,13 @@ def test_cli_prints_maxtext_step_lines(tmp_path):
   assert [int(m.group(1)) for m in steps] == [0, 1, 2, 3] and steps[0].group(2) == str(8 * 32)
 
 
-@pytest.mark.parametrize("cfg, extra, params, tflops", [
+@pytest.mark.parametrize(
+  "cfg, extra, params, tflops",
+  [
     ("llama3_8b.yml", ["per_device_batch_size=1", "max_target_length=8192"], 8030261248, "421.65"),
     ("llama3.1_405b.yml", [], 405853388800, None),
-])
+  ],
+)
 def test_dry_run_summary(cfg, extra, params, tflops):
   proc = _run(f"configs/{cfg}", "dry_run=true", *extra)
   assert proc.returncode == 0, proc.stderr
@@ -94,8 +113,9 @@ def test_8b_on_this_box_is_refused_before_allocating():
 
 
 def _main(tmp_path, *extra):
-  return train.main([str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, f"base_output_directory={tmp_path}",
-                     "steps=2", *extra])
+  return train.main(
+    [str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, f"base_output_directory={tmp_path}", "steps=2", *extra]
+  )
 
 
 def test_setup_mistakes_fail_before_compiling(tmp_path, capsys):
@@ -113,11 +133,13 @@ def test_setup_mistakes_fail_before_compiling(tmp_path, capsys):
 def test_sigterm_before_the_first_step_is_a_clean_stop(tmp_path, monkeypatch, capsys):
   import os
   import signal  # pylint: disable=import-outside-toplevel,multiple-imports
+
   real = run_setup.init_sharded
 
   def init_then_sigterm(*args):
     os.kill(os.getpid(), signal.SIGTERM)  # arrives while the model is being built
     return real(*args)
+
   monkeypatch.setattr(run_setup, "init_sharded", init_then_sigterm)
   assert _main(tmp_path, "run_name=early") == 0
   out = capsys.readouterr().out
@@ -133,11 +155,13 @@ def test_high_precision_switch_past_the_end_is_not_announced(tmp_path, capsys):
 def _slow_and_poisoned(monkeypatch, nan_at=None, sleep=0.0):
   """Wrap the real compiled steps: each also waits `sleep` s on the device, and step `nan_at` reports a NaN loss."""
   import time  # pylint: disable=import-outside-toplevel
+
   real = train_step.StepFunctions.for_step
 
   def slow(step_metrics, step):
     def wait(_):
       time.sleep(sleep)
+
     jax.debug.callback(wait, step, ordered=True)  # one after another, as a device runs its steps
     return {**step_metrics, "loss": jax.numpy.where(step == nan_at, jax.numpy.nan, step_metrics["loss"])}
 
@@ -148,8 +172,10 @@ def _slow_and_poisoned(monkeypatch, nan_at=None, sleep=0.0):
     def wrapped(*args):
       *state, step_metrics = fn(*args)
       return (*state, post(step_metrics, args[-1]))
+
     wrapped.lower = fn.lower
     return plan, wrapped
+
   monkeypatch.setattr(train_step.StepFunctions, "for_step", for_step)
 
 
@@ -177,21 +203,52 @@ def test_relative_paths_mean_the_same_from_any_directory(tmp_path):
   """train.py started from another directory, every path relative to it: the config, the shards, the output
   directory, then load_parameters_path from a third directory. Everything lands where the caller meant."""
   from tests.data.corpus import make_corpus  # pylint: disable=import-outside-toplevel
+
   make_corpus(tmp_path / "corpus")
   work = tmp_path / "work"
   work.mkdir()
   cfg_path = os.path.relpath(REPO / "configs" / "llama3_tiny.yml", work)
-  data = ["dataset_type=grain", "grain_train_files=../corpus/data/train-*.array_record",
-          "grain_eval_files=../corpus/data/eval-*.array_record", "tokenizer_type=byte"]
-  first = subprocess.run([sys.executable, str(REPO / "train.py"), cfg_path, *SMALL, *data, "steps=2",
-                          "base_output_directory=runs", "run_name=a", "enable_checkpointing=true"],
-                         cwd=work, capture_output=True, text=True, timeout=300)
+  data = [
+    "dataset_type=grain",
+    "grain_train_files=../corpus/data/train-*.array_record",
+    "grain_eval_files=../corpus/data/eval-*.array_record",
+    "tokenizer_type=byte",
+  ]
+  first = subprocess.run(
+    [
+      sys.executable,
+      str(REPO / "train.py"),
+      cfg_path,
+      *SMALL,
+      *data,
+      "steps=2",
+      "base_output_directory=runs",
+      "run_name=a",
+      "enable_checkpointing=true",
+    ],
+    cwd=work,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert first.returncode == 0, first.stderr
   assert (work / "runs" / "a" / "checkpoints" / "2").is_dir() and (work / "runs" / "a" / "metrics.jsonl").exists()
-  second = subprocess.run([sys.executable, str(REPO / "train.py"), str(REPO / "configs" / "llama3_tiny.yml"), *SMALL,
-                           "steps=1", "load_parameters_path=work/runs/a/checkpoints/2",
-                           "base_output_directory=work/runs", "run_name=b"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  second = subprocess.run(
+    [
+      sys.executable,
+      str(REPO / "train.py"),
+      str(REPO / "configs" / "llama3_tiny.yml"),
+      *SMALL,
+      "steps=1",
+      "load_parameters_path=work/runs/a/checkpoints/2",
+      "base_output_directory=work/runs",
+      "run_name=b",
+    ],
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert second.returncode == 0, second.stderr
   assert f"{work}/runs/a/checkpoints/2" in second.stdout and (work / "runs" / "b" / "metrics.jsonl").exists()
   assert not (tmp_path / "runs").exists() and not (work / "work").exists()

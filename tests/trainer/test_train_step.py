@@ -33,8 +33,13 @@ def _step_and_args(cfg):
   step = train_step.make_train_step(graphdef, tx, precision.plan_from_config(cfg), 1, cfg.seed)
   b, l = int(cfg.per_device_batch_size), cfg.max_target_length
   tokens = jax.ShapeDtypeStruct((b, l), jnp.int32)
-  batch = {"inputs": tokens, "positions": tokens, "segment_ids": tokens, "targets": tokens,
-           "weights": jax.ShapeDtypeStruct((b, l), jnp.float32)}
+  batch = {
+    "inputs": tokens,
+    "positions": tokens,
+    "segment_ids": tokens,
+    "targets": tokens,
+    "weights": jax.ShapeDtypeStruct((b, l), jnp.float32),
+  }
   return step, (params, rest, jax.eval_shape(tx.init, params), batch, jax.ShapeDtypeStruct((), jnp.int32))
 
 
@@ -79,9 +84,11 @@ def _count_calls(jaxpr, name):
 @pytest.mark.parametrize("quantization,per_gemm", [("te_nvfp4", 5), ("te_fp8_currentscaling", 3)])
 def test_each_operand_is_quantized_once_per_step(quantization, per_gemm):
   """NVFP4: x, w, dy, x_t, dy_t (w_t is w's 16x16 tiles transposed); FP8: x, w, dy (one scale per tensor)."""
+
   def quantizations(remat_policy):
     step, args = _step_and_args(_cfg(f"quantization={quantization}", f"remat_policy={remat_policy}"))
     return _count_calls(jax.make_jaxpr(step)(*args).jaxpr, "quantize_for_gemm")
+
   mlp_gemms = 3 * 2  # gate, up, down x 2 layers
   assert quantizations("none") == per_gemm * mlp_gemms
   assert quantizations("minimal_with_quantization") == per_gemm * mlp_gemms
@@ -90,11 +97,13 @@ def test_each_operand_is_quantized_once_per_step(quantization, per_gemm):
 
 # -- attention: no mask tensor where the rows hold one document -------------------------------------------------
 
+
 @pytest.fixture
 def cudnn_version_probe(monkeypatch):
   """jax asks the installed cuDNN for its version before lowering its flash attention; this CPU machine has
   none, so answer as cuDNN 9.8 would: the rest is jax's real lowering of the step for CUDA."""
   from jax._src.cudnn import fused_attention_stablehlo  # pylint: disable=import-outside-toplevel
+
   monkeypatch.setattr(fused_attention_stablehlo, "check_cudnn_version", lambda: 90800)
 
 
@@ -102,8 +111,10 @@ def _cudnn_calls(cfg):
   """[(custom-call target, operand count)] of the cuDNN attention calls in the step lowered for CUDA, and its text."""
   step, args = _step_and_args(cfg)
   text = step.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  return [(m.group(1), len(m.group(2).split(","))) for m in
-          re.finditer(r"stablehlo\.custom_call @(__cudnn\$\w+)\(([^)]*)\)", text)], text
+  return [
+    (m.group(1), len(m.group(2).split(",")))
+    for m in re.finditer(r"stablehlo\.custom_call @(__cudnn\$\w+)\(([^)]*)\)", text)
+  ], text
 
 
 def test_unpacked_rows_run_cudnn_attention_causal_without_a_mask(cudnn_version_probe):
@@ -113,7 +124,7 @@ def test_unpacked_rows_run_cudnn_attention_causal_without_a_mask(cudnn_version_p
     calls, text = _cudnn_calls(_cfg("attention=cudnn_flash", *data))
     # Forward: q, k, v only; backward: q, k, v, softmax stats, dO, O. Causal inside the kernel, no bias.
     assert sorted(set(calls)) == [("__cudnn$fmhaSoftmax", 3), ("__cudnn$fmhaSoftmaxBackward", 6)], calls
-    assert len(calls) == 2 * 2 and '\\22mask_type\\22: \\22CAUSAL\\22' in text
+    assert len(calls) == 2 * 2 and "\\22mask_type\\22: \\22CAUSAL\\22" in text
     assert not dense_mask.search(text)
   # Packed documents still mask per document: the dense [B, 1, L, L] bias the public API takes (its cost).
   calls, text = _cudnn_calls(_cfg("attention=cudnn_flash", "dataset_type=grain", "grain_train_files=unused-*"))
@@ -122,6 +133,7 @@ def test_unpacked_rows_run_cudnn_attention_causal_without_a_mask(cudnn_version_p
 
 
 # -- vocabulary tiling ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("num_tiles", [4])
 def test_tiled_lm_head_runs_its_three_gemms_per_tile_on_bf16(num_tiles):
@@ -140,12 +152,15 @@ def test_tiled_loss_gradients_and_eval_equal_the_plain_ones():
   eval step (no gradient) the same loss."""
   results = {}
   for tiles in (1, 4):
-    cfg = config.load(REPO / "configs" / "llama3_tiny.yml", SMALL + [
-        "dtype=float32", "base_num_decoder_layers=1", "remat_policy=none", f"num_vocab_tiling={tiles}"])
+    cfg = config.load(
+      REPO / "configs" / "llama3_tiny.yml",
+      SMALL + ["dtype=float32", "base_num_decoder_layers=1", "remat_policy=none", f"num_vocab_tiling={tiles}"],
+    )
     graphdef, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
     plan, batch = precision.plan_from_config(cfg), _batch(cfg)
-    loss = lambda p, g=graphdef, r=rest, b=batch, pl=plan: train_step.loss_terms(nnx.merge(g, p, r), b,
-                                                                                   pl.layer_ranges, None)[0]
+    loss = lambda p, g=graphdef, r=rest, b=batch, pl=plan: train_step.loss_terms(
+      nnx.merge(g, p, r), b, pl.layer_ranges, None
+    )[0]
     results[tiles] = jax.jit(jax.value_and_grad(loss))(params)
   eval_loss, eval_weights = train_step.make_eval_step(graphdef, plan)(params, rest, batch)
   (value_a, grads_a), (value_b, grads_b) = results[1], results[4]
@@ -162,13 +177,19 @@ def _batch(cfg):
   tokens = rng.integers(0, cfg.vocab_size, (b, l + 1)).astype(np.int32)
   weights = np.ones((b, l), np.float32)
   weights[:, -5:] = 0.0  # padding
-  return {"inputs": jnp.asarray(tokens[:, :-1]), "targets": jnp.asarray(tokens[:, 1:]),
-          "positions": jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l)),
-          "segment_ids": jnp.ones((b, l), jnp.int32), "weights": jnp.asarray(weights)}
+  return {
+    "inputs": jnp.asarray(tokens[:, :-1]),
+    "targets": jnp.asarray(tokens[:, 1:]),
+    "positions": jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l)),
+    "segment_ids": jnp.ones((b, l), jnp.int32),
+    "weights": jnp.asarray(weights),
+  }
 
 
-@pytest.mark.parametrize("policy, forwards_per_layer", [("minimal_with_context_and_quantization", 1),
-                                                         ("minimal_with_context", 1), ("minimal_with_quantization", 2)])
+@pytest.mark.parametrize(
+  "policy, forwards_per_layer",
+  [("minimal_with_context_and_quantization", 1), ("minimal_with_context", 1), ("minimal_with_quantization", 2)],
+)
 def test_context_policies_keep_cudnn_attention_residuals(cudnn_version_probe, policy, forwards_per_layer):
   """With '_with_context' the backward reads the forward kernel's saved output and softmax statistics; without,
   remat runs the forward kernel again in the backward (MaxText's behaviour for these policies)."""

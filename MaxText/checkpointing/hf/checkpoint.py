@@ -28,8 +28,10 @@ class HFCheckpoint:
   def __init__(self, hf_dir):
     self.dir = pathlib.Path(hf_dir)
     if not self.dir.is_dir():
-      raise HFError(f"{self.dir}: no such directory; give a Hugging Face model directory (config.json, "
-                    "*.safetensors, tokenizer.json)")
+      raise HFError(
+        f"{self.dir}: no such directory; give a Hugging Face model directory (config.json, "
+        "*.safetensors, tokenizer.json)"
+      )
     self.config = model_config.read_json(self.dir / "config.json", "config.json")
     self.keys = model_config.to_keys(self.config, str(self.dir / "config.json"))
     self._files, self._where = {}, {}
@@ -59,8 +61,10 @@ class HFCheckpoint:
       return
     files = sorted(p.name for p in self.dir.glob("*.safetensors"))
     if not files:
-      raise HFError(f"{self.dir}: no *.safetensors files (PyTorch .bin checkpoints aren't read; save the model "
-                    "with safe_serialization, the default of transformers' save_pretrained)")
+      raise HFError(
+        f"{self.dir}: no *.safetensors files (PyTorch .bin checkpoints aren't read; save the model "
+        "with safe_serialization, the default of transformers' save_pretrained)"
+      )
     for filename in files:
       for name in self._open(filename).names:
         if name in self._where:
@@ -75,22 +79,29 @@ class HFCheckpoint:
       present.discard(names.TIED_LM_HEAD)
     for name in expected:
       if name not in present:
-        raise HFError(f"{self.dir}: tensor {name} is missing (config.json describes {cfg.base_num_decoder_layers} "
-                      f"layers{', untied lm_head' if not cfg.logits_via_embedding else ''}); the checkpoint is "
-                      "incomplete or config.json is not its own")
+        raise HFError(
+          f"{self.dir}: tensor {name} is missing (config.json describes {cfg.base_num_decoder_layers} "
+          f"layers{', untied lm_head' if not cfg.logits_via_embedding else ''}); the checkpoint is "
+          "incomplete or config.json is not its own"
+        )
     extra = sorted(present - set(expected))
     if extra:
-      raise HFError(f"{self.dir}: unexpected tensor {extra[0]} ({len(extra)} in all) that a Llama with this config.json "
-                    "doesn't have; not a plain LlamaForCausalLM checkpoint (adapters, biases or more layers?)")
+      raise HFError(
+        f"{self.dir}: unexpected tensor {extra[0]} ({len(extra)} in all) that a Llama with this config.json "
+        "doesn't have; not a plain LlamaForCausalLM checkpoint (adapters, biases or more layers?)"
+      )
     for name, (entry, _) in expected.items():
       info = self.info(name)
       want = names.hf_shape(cfg, entry)
       if tuple(info.shape) != tuple(want):
-        raise HFError(f"{self._path(name)}: tensor {name} has shape {list(info.shape)} but config.json implies "
-                      f"{list(want)}")
+        raise HFError(
+          f"{self._path(name)}: tensor {name} has shape {list(info.shape)} but config.json implies {list(want)}"
+        )
       if info.dtype.name not in FLOAT_DTYPES:
-        raise HFError(f"{self._path(name)}: tensor {name} is {info.dtype.name}; only {', '.join(FLOAT_DTYPES)} "
-                      "weights are read (quantized checkpoints aren't)")
+        raise HFError(
+          f"{self._path(name)}: tensor {name} is {info.dtype.name}; only {', '.join(FLOAT_DTYPES)} "
+          "weights are read (quantized checkpoints aren't)"
+        )
 
   def _path(self, name):
     return self.dir / self._where[name]
@@ -118,5 +129,6 @@ class HFCheckpoint:
 
 
 def write_index(out_dir, weight_map, total_size):
-  (pathlib.Path(out_dir) / INDEX).write_text(json.dumps({"metadata": {"total_size": total_size},
-                                                         "weight_map": dict(sorted(weight_map.items()))}, indent=2))
+  (pathlib.Path(out_dir) / INDEX).write_text(
+    json.dumps({"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}, indent=2)
+  )

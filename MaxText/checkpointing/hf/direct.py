@@ -9,19 +9,34 @@ from MaxText.checkpointing.hf import HFError, names
 from MaxText.checkpointing.hf.checkpoint import HFCheckpoint
 
 # The config keys a checkpoint's config.json fixes: the run's config must agree with every one.
-MODEL_KEYS = ("base_emb_dim", "base_mlp_dim", "base_num_decoder_layers", "base_num_query_heads", "base_num_kv_heads",
-              "head_dim", "vocab_size", "normalization_layer_epsilon", "logits_via_embedding", "rope_max_timescale",
-              "rope_type", "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-              "rope_original_max_position")
+MODEL_KEYS = (
+  "base_emb_dim",
+  "base_mlp_dim",
+  "base_num_decoder_layers",
+  "base_num_query_heads",
+  "base_num_kv_heads",
+  "head_dim",
+  "vocab_size",
+  "normalization_layer_epsilon",
+  "logits_via_embedding",
+  "rope_max_timescale",
+  "rope_type",
+  "rope_scaling_factor",
+  "rope_low_freq_factor",
+  "rope_high_freq_factor",
+  "rope_original_max_position",
+)
 
 
 def check_agrees(cfg, hf):
   """HFError naming the first model key where the run's config and the checkpoint's config.json differ."""
   for key in MODEL_KEYS:
     if key in hf.keys and hf.keys[key] != getattr(cfg, key):
-      raise HFError(f"{hf.dir}/config.json gives {key}={hf.keys[key]!r} but the config has {getattr(cfg, key)!r}; "
-                    f"set {key}={hf.keys[key]} (python -m MaxText.convert_hf to-maxtext {hf.dir} OUT --direct "
-                    "writes a config that agrees)")
+      raise HFError(
+        f"{hf.dir}/config.json gives {key}={hf.keys[key]!r} but the config has {getattr(cfg, key)!r}; "
+        f"set {key}={hf.keys[key]} (python -m MaxText.convert_hf to-maxtext {hf.dir} OUT --direct "
+        "writes a config that agrees)"
+      )
 
 
 def read_region(hf, entry, index, dtype):
@@ -31,8 +46,7 @@ def read_region(hf, entry, index, dtype):
     return names.to_param_layout(entry, hf.read(entry.hf_name(), names.hf_index(entry, index))).astype(dtype)
   layers = range(index[0].start, index[0].stop)
   rest = names.hf_index(entry, index[1:])
-  return np.stack([names.to_param_layout(entry, hf.read(entry.hf_name(layer), rest)).astype(dtype)
-                   for layer in layers])
+  return np.stack([names.to_param_layout(entry, hf.read(entry.hf_name(layer), rest)).astype(dtype) for layer in layers])
 
 
 def _full(index, shape):
@@ -58,5 +72,7 @@ def load(cfg, hf_dir, params_template):
         if key not in regions:
           regions[key] = read_region(hf, entry, index, dtype)
         return regions[key]
+
       return jax.make_array_from_callback(shape, template.sharding, callback)
+
     return jax.tree_util.tree_map_with_path(leaf, params_template)

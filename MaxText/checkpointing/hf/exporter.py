@@ -26,7 +26,7 @@ from MaxText.checkpointing.hf.output_dir import staged
 from MaxText.checkpointing.hf.safetensors_file import SafetensorsWriter
 
 DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
-DEFAULT_MAX_SHARD_BYTES = 5 * 10 ** 9  # transformers' long-standing default shard size
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' long-standing default shard size
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 BLOCK_BYTES = 64 << 20  # a tensor is computed and written this many bytes of rows at a time
 
@@ -35,6 +35,7 @@ BLOCK_BYTES = 64 << 20  # a tensor is computed and written this many bytes of ro
 class ExportTensor:
   """One tensor of the export: name, dtype, shape, and `blocks()` -> (first row, rows) pairs that together are the
   tensor (called once, in list order; `whole(fn)` makes one block of fn())."""
+
   name: str
   dtype: typing.Any
   shape: tuple
@@ -73,9 +74,11 @@ class CheckpointParams:
     for path in sorted(set(wanted) | set(self.stored)):
       if path not in self.stored or path not in wanted or self.stored[path][0] != wanted[path]:
         found = self.stored.get(path, (None,))[0]
-        raise HFError(f"{self.step_dir}: parameter {path} is {list(found) if found else 'absent'} in the checkpoint "
-                      f"but {list(wanted[path]) if path in wanted else 'absent'} in the config "
-                      "(logits_via_embedding or the model shape differ); export with the config it was trained with")
+        raise HFError(
+          f"{self.step_dir}: parameter {path} is {list(found) if found else 'absent'} in the checkpoint "
+          f"but {list(wanted[path]) if path in wanted else 'absent'} in the config "
+          "(logits_via_embedding or the model shape differ); export with the config it was trained with"
+        )
 
   def read(self, path):
     shape, dtype = self.stored[path]
@@ -109,14 +112,20 @@ def weight_tensors(cfg, params, dtype, skip=lambda entry, layer: False):
     hf_view = names.to_hf_layout(entry, held["array"][layer] if entry.per_layer else held["array"])
     rows = max(1, BLOCK_BYTES // (math.prod(hf_view.shape[1:]) * np.dtype(dtype).itemsize))
     for start in range(0, hf_view.shape[0], rows):
-      yield start, hf_view[start:start + rows].astype(dtype)
+      yield start, hf_view[start : start + rows].astype(dtype)
 
   out = []
   for entry in names.entries(cfg):
-    for layer in (range(cfg.base_num_decoder_layers) if entry.per_layer else (None,)):
+    for layer in range(cfg.base_num_decoder_layers) if entry.per_layer else (None,):
       if not skip(entry, layer):
-        out.append(ExportTensor(entry.hf_name(layer), dtype, names.hf_shape(cfg, entry),
-                                lambda entry=entry, layer=layer: blocks(entry, layer)))
+        out.append(
+          ExportTensor(
+            entry.hf_name(layer),
+            dtype,
+            names.hf_shape(cfg, entry),
+            lambda entry=entry, layer=layer: blocks(entry, layer),
+          )
+        )
   return out
 
 
@@ -135,13 +144,19 @@ def shard_files(tensors, max_shard_bytes):
 def write_tensors(out_dir, tensors, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES):
   """The safetensors files (model.safetensors, or model-0000i-of-0000n.safetensors with the index) of `tensors`."""
   files = shard_files(tensors, max_shard_bytes)
-  names_ = (["model.safetensors"] if len(files) == 1 else
-            [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))])
+  names_ = (
+    ["model.safetensors"]
+    if len(files) == 1
+    else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+  )
   writers, where = [], {}
   try:
     for filename, group in zip(names_, files):
-      writers.append(SafetensorsWriter(pathlib.Path(out_dir) / filename,
-                                       {t.name: (t.dtype, t.shape) for t in group}, metadata={"format": "pt"}))
+      writers.append(
+        SafetensorsWriter(
+          pathlib.Path(out_dir) / filename, {t.name: (t.dtype, t.shape) for t in group}, metadata={"format": "pt"}
+        )
+      )
       where.update({t.name: (filename, writers[-1]) for t in group})
     for t in tensors:
       for row, block in t.blocks():
@@ -172,6 +187,7 @@ def write_model_files(out_dir, cfg, dtype_name, *, extra_config=None, log=print)
   bos = eos = None
   if source is not None:
     from MaxText.data import tokenizers  # pylint: disable=import-outside-toplevel  (tokenizers is optional)
+
     tok = tokenizers.load("huggingface", cfg.tokenizer_path)
     bos, eos = tok.bos_id, tok.eos_id
     shutil.copyfile(cfg.tokenizer_path, out_dir / "tokenizer.json")
@@ -179,16 +195,21 @@ def write_model_files(out_dir, cfg, dtype_name, *, extra_config=None, log=print)
       if (source / name).is_file():
         shutil.copyfile(source / name, out_dir / name)
   else:
-    log(f"note: tokenizer_type={cfg.tokenizer_type} is no Hugging Face tokenizer.json: the export has no tokenizer; "
-        "add the model's own tokenizer files to it")
+    log(
+      f"note: tokenizer_type={cfg.tokenizer_type} is no Hugging Face tokenizer.json: the export has no tokenizer; "
+      "add the model's own tokenizer files to it"
+    )
   config = model_config.to_config_json(cfg, base, dtype=dtype_name, bos_id=bos, eos_id=eos)
   config.update(extra_config or {})
   (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
   if source is not None and (source / "generation_config.json").is_file():
     shutil.copyfile(source / "generation_config.json", out_dir / "generation_config.json")
   else:
-    generation = {k: v for k, v in (("bos_token_id", config.get("bos_token_id")),
-                                    ("eos_token_id", config.get("eos_token_id"))) if v is not None}
+    generation = {
+      k: v
+      for k, v in (("bos_token_id", config.get("bos_token_id")), ("eos_token_id", config.get("eos_token_id")))
+      if v is not None
+    }
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
@@ -203,6 +224,8 @@ def export(cfg, step_dir, out_dir, *, dtype="bfloat16", max_shard_bytes=DEFAULT_
     files = write_tensors(tmp, tensors, max_shard_bytes)
     write_model_files(tmp, cfg, dtype, log=log)
   size = sum(t.nbytes for t in tensors)
-  log(f"exported {step_dir} -> {out_dir}: {len(tensors)} tensors, {size / 1e9:.3f} GB {dtype} in {len(files)} "
-      f"file(s){' with ' + INDEX if len(files) > 1 else ''}")
+  log(
+    f"exported {step_dir} -> {out_dir}: {len(tensors)} tensors, {size / 1e9:.3f} GB {dtype} in {len(files)} "
+    f"file(s){' with ' + INDEX if len(files) > 1 else ''}"
+  )
   return out_dir

@@ -76,14 +76,19 @@ def write_params(hf, cfg, state_dir, log=print):
 
 def config_yml(keys, out_dir, hf_dir, load_path, tokenizer):
   """The text of OUT_DIR/config.yml: the model, where its parameters and tokenizer are."""
-  body = {"model_name": pathlib.Path(hf_dir).name, **keys,
-          "max_target_length": min(2048, int(keys.pop("max_target_length", 2048))),
-          "load_parameters_path": str(load_path)}
+  body = {
+    "model_name": pathlib.Path(hf_dir).name,
+    **keys,
+    "max_target_length": min(2048, int(keys.pop("max_target_length", 2048))),
+    "load_parameters_path": str(load_path),
+  }
   if tokenizer:
     body.update(tokenizer_type="huggingface", tokenizer_path=str(tokenizer))
-  header = (f"# Imported from the Hugging Face checkpoint {pathlib.Path(hf_dir).absolute()} by\n"
-            f"#   python -m MaxText.convert_hf to-maxtext {hf_dir} {out_dir}\n"
-            "# Train it as is: python train.py THIS_FILE steps=... quantization=te_nvfp4 (fresh optimizer, step 0).\n")
+  header = (
+    f"# Imported from the Hugging Face checkpoint {pathlib.Path(hf_dir).absolute()} by\n"
+    f"#   python -m MaxText.convert_hf to-maxtext {hf_dir} {out_dir}\n"
+    "# Train it as is: python train.py THIS_FILE steps=... quantization=te_nvfp4 (fresh optimizer, step 0).\n"
+  )
   return header + yaml.safe_dump(body, sort_keys=False, default_flow_style=None)
 
 
@@ -97,8 +102,10 @@ def import_checkpoint(hf_dir, out_dir, *, direct=False, log=print):
     cfg = config_from_keys({k: v for k, v in keys.items() if k != "max_target_length"}, hf_dir / "config.json")
     hf.check(cfg)
     if not (hf_dir / "tokenizer.json").is_file():
-      log(f"warning: {hf_dir} has no tokenizer.json; config.yml names no tokenizer (set tokenizer_type and "
-          "tokenizer_path to decode or to train on text)")
+      log(
+        f"warning: {hf_dir} has no tokenizer.json; config.yml names no tokenizer (set tokenizer_type and "
+        "tokenizer_path to decode or to train on text)"
+      )
     with staged(out_dir) as tmp:
       companions = out_dir / COMPANIONS if not direct else hf_dir
       if not direct:

@@ -17,6 +17,7 @@ LAYER = "{layer}"
 class Entry:
   """One parameter: our path ("layers/mlp/gate/kernel"), its HF name (with {layer} in per-layer ones), and whether
   the 2-D tensor is transposed between the two."""
+
   param: str
   hf: str
   transpose: bool
@@ -30,18 +31,18 @@ class Entry:
 
 
 _ENTRIES = (
-    Entry("embed/embedding", "model.embed_tokens.weight", False),
-    Entry("layers/pre_attention_norm/scale", "model.layers.{layer}.input_layernorm.weight", False),
-    Entry("layers/attention/query/kernel", "model.layers.{layer}.self_attn.q_proj.weight", True),
-    Entry("layers/attention/key/kernel", "model.layers.{layer}.self_attn.k_proj.weight", True),
-    Entry("layers/attention/value/kernel", "model.layers.{layer}.self_attn.v_proj.weight", True),
-    Entry("layers/attention/out/kernel", "model.layers.{layer}.self_attn.o_proj.weight", True),
-    Entry("layers/pre_mlp_norm/scale", "model.layers.{layer}.post_attention_layernorm.weight", False),
-    Entry("layers/mlp/gate/kernel", "model.layers.{layer}.mlp.gate_proj.weight", True),
-    Entry("layers/mlp/up/kernel", "model.layers.{layer}.mlp.up_proj.weight", True),
-    Entry("layers/mlp/down/kernel", "model.layers.{layer}.mlp.down_proj.weight", True),
-    Entry("final_norm/scale", "model.norm.weight", False),
-    Entry("lm_head", "lm_head.weight", True),
+  Entry("embed/embedding", "model.embed_tokens.weight", False),
+  Entry("layers/pre_attention_norm/scale", "model.layers.{layer}.input_layernorm.weight", False),
+  Entry("layers/attention/query/kernel", "model.layers.{layer}.self_attn.q_proj.weight", True),
+  Entry("layers/attention/key/kernel", "model.layers.{layer}.self_attn.k_proj.weight", True),
+  Entry("layers/attention/value/kernel", "model.layers.{layer}.self_attn.v_proj.weight", True),
+  Entry("layers/attention/out/kernel", "model.layers.{layer}.self_attn.o_proj.weight", True),
+  Entry("layers/pre_mlp_norm/scale", "model.layers.{layer}.post_attention_layernorm.weight", False),
+  Entry("layers/mlp/gate/kernel", "model.layers.{layer}.mlp.gate_proj.weight", True),
+  Entry("layers/mlp/up/kernel", "model.layers.{layer}.mlp.up_proj.weight", True),
+  Entry("layers/mlp/down/kernel", "model.layers.{layer}.mlp.down_proj.weight", True),
+  Entry("final_norm/scale", "model.norm.weight", False),
+  Entry("lm_head", "lm_head.weight", True),
 )
 TIED_LM_HEAD = "lm_head.weight"  # present in some tied checkpoints as a copy of the embedding: never read
 
@@ -55,18 +56,27 @@ def param_shape(cfg, entry):
   """Our parameter's shape (stacked per-layer ones with the leading layer axis)."""
   d, f, v = cfg.base_emb_dim, cfg.base_mlp_dim, cfg.vocab_size
   q, kv = cfg.base_num_query_heads * cfg.head_dim, cfg.base_num_kv_heads * cfg.head_dim
-  shapes = {"embed/embedding": (v, d), "final_norm/scale": (d,), "lm_head": (d, v),
-            "layers/pre_attention_norm/scale": (d,), "layers/pre_mlp_norm/scale": (d,),
-            "layers/attention/query/kernel": (d, q), "layers/attention/key/kernel": (d, kv),
-            "layers/attention/value/kernel": (d, kv), "layers/attention/out/kernel": (q, d),
-            "layers/mlp/gate/kernel": (d, f), "layers/mlp/up/kernel": (d, f), "layers/mlp/down/kernel": (f, d)}
+  shapes = {
+    "embed/embedding": (v, d),
+    "final_norm/scale": (d,),
+    "lm_head": (d, v),
+    "layers/pre_attention_norm/scale": (d,),
+    "layers/pre_mlp_norm/scale": (d,),
+    "layers/attention/query/kernel": (d, q),
+    "layers/attention/key/kernel": (d, kv),
+    "layers/attention/value/kernel": (d, kv),
+    "layers/attention/out/kernel": (q, d),
+    "layers/mlp/gate/kernel": (d, f),
+    "layers/mlp/up/kernel": (d, f),
+    "layers/mlp/down/kernel": (f, d),
+  }
   shape = shapes[entry.param]
   return (cfg.base_num_decoder_layers,) + shape if entry.per_layer else shape
 
 
 def hf_shape(cfg, entry):
   """The HF tensor's shape (one layer's for per-layer entries)."""
-  shape = param_shape(cfg, entry)[1 if entry.per_layer else 0:]
+  shape = param_shape(cfg, entry)[1 if entry.per_layer else 0 :]
   return shape[::-1] if entry.transpose else shape
 
 
@@ -74,7 +84,7 @@ def hf_names(cfg):
   """{HF tensor name: (Entry, layer or None)} of every tensor a checkpoint of `cfg` holds, in model order."""
   out = {}
   for entry in entries(cfg):
-    for layer in (range(cfg.base_num_decoder_layers) if entry.per_layer else (None,)):
+    for layer in range(cfg.base_num_decoder_layers) if entry.per_layer else (None,):
       out[entry.hf_name(layer)] = (entry, layer)
   return out
 

@@ -49,9 +49,19 @@ class ParamCheckpointWriter:
     for path, (shape, dtype, block_axis, per_layer) in arrays.items():
       dtype = np.dtype(dtype)
       chunks = chunk_shape(shape, dtype.itemsize, block_axis, per_layer)
-      spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(state_dir / ".".join(leaf_keys(path)))},
-              "metadata": {"shape": list(shape), "chunks": chunks, "dtype": _ZARR_DTYPES.get(dtype.name, dtype.str),
-                           "compressor": None, "fill_value": None, "order": "C", "dimension_separator": "."}}
+      spec = {
+        "driver": "zarr",
+        "kvstore": {"driver": "file", "path": str(state_dir / ".".join(leaf_keys(path)))},
+        "metadata": {
+          "shape": list(shape),
+          "chunks": chunks,
+          "dtype": _ZARR_DTYPES.get(dtype.name, dtype.str),
+          "compressor": None,
+          "fill_value": None,
+          "order": "C",
+          "dimension_separator": ".",
+        },
+      }
       self._stores[path] = ts.open(spec, create=True, context=context).result()
       self._chunks[path] = chunks
 
@@ -71,9 +81,15 @@ class ParamCheckpointWriter:
     tree = {}
     for path, store in self._stores.items():
       keys = leaf_keys(path)
-      tree[str(keys)] = {"key_metadata": [{"key": k, "key_type": 2} for k in keys],
-                         "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False,
-                                            "write_shape": list(store.shape)}}
-    record = {"tree_metadata": tree, "use_ocdbt": False, "use_zarr3": False,
-              "store_array_data_equal_to_fill_value": True, "custom_metadata": None}
+      tree[str(keys)] = {
+        "key_metadata": [{"key": k, "key_type": 2} for k in keys],
+        "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False, "write_shape": list(store.shape)},
+      }
+    record = {
+      "tree_metadata": tree,
+      "use_ocdbt": False,
+      "use_zarr3": False,
+      "store_array_data_equal_to_fill_value": True,
+      "custom_metadata": None,
+    }
     (self.state_dir / "_METADATA").write_text(json.dumps(record))

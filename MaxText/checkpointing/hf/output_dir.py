@@ -38,6 +38,7 @@ def staged(out_dir):
     shutil.rmtree(tmp, ignore_errors=True)
     if isinstance(e, OSError) or (isinstance(e, ValueError) and _STORAGE_FAULT.match(str(e))):
       reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:200]
-      raise HFError(f"writing {out_dir} failed ({reason}); nothing was left behind: free space or fix "
-                    "permissions and rerun") from None
+      raise HFError(
+        f"writing {out_dir} failed ({reason}); nothing was left behind: free space or fix permissions and rerun"
+      ) from None
     raise

@@ -18,9 +18,23 @@ import numpy as np
 from MaxText.checkpointing.hf import HFError
 
 # The format's dtype names (safetensors' Dtype enum) and their little-endian numpy types.
-DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16, "F16": np.float16,
-          "BF16": ml_dtypes.bfloat16, "U32": np.uint32, "I32": np.int32, "F32": np.float32, "U64": np.uint64,
-          "I64": np.int64, "F64": np.float64, "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+DTYPES = {
+  "BOOL": np.bool_,
+  "U8": np.uint8,
+  "I8": np.int8,
+  "U16": np.uint16,
+  "I16": np.int16,
+  "F16": np.float16,
+  "BF16": ml_dtypes.bfloat16,
+  "U32": np.uint32,
+  "I32": np.int32,
+  "F32": np.float32,
+  "U64": np.uint64,
+  "I64": np.int64,
+  "F64": np.float64,
+  "F8_E4M3": ml_dtypes.float8_e4m3fn,
+  "F8_E5M2": ml_dtypes.float8_e5m2,
+}
 NAMES = {np.dtype(t): name for name, t in DTYPES.items()}
 MAX_HEADER_BYTES = 100 << 20  # the reference implementation's limit
 READ_CHUNK_BYTES = 64 << 20  # a sliced read holds at most this many bytes of rows beyond its output
@@ -36,6 +50,7 @@ def dtype_name(dtype):
 
 class TensorInfo:
   """One header entry: numpy dtype, shape and absolute byte range in the file."""
+
   __slots__ = ("name", "dtype", "shape", "begin", "end")
 
   def __init__(self, name, dtype, shape, begin, end):
@@ -51,20 +66,31 @@ def _header_entry(path, name, entry, data_bytes):
   if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
     raise HFError(f"{where}: header entry lacks dtype/shape/data_offsets; not a safetensors file")
   if entry["dtype"] not in DTYPES:
-    raise HFError(f"{where} has dtype {entry['dtype']!r}, which this reader doesn't know (it reads "
-                  f"{', '.join(DTYPES)}); convert the checkpoint to bf16 or f32")
+    raise HFError(
+      f"{where} has dtype {entry['dtype']!r}, which this reader doesn't know (it reads "
+      f"{', '.join(DTYPES)}); convert the checkpoint to bf16 or f32"
+    )
   shape, offsets = entry["shape"], entry["data_offsets"]
-  if (not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
-      or not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)):
+  if (
+    not isinstance(shape, list)
+    or not all(isinstance(d, int) and d >= 0 for d in shape)
+    or not isinstance(offsets, list)
+    or len(offsets) != 2
+    or not all(isinstance(o, int) for o in offsets)
+  ):
     raise HFError(f"{where}: malformed shape {shape!r} or data_offsets {offsets!r}")
   dtype = np.dtype(DTYPES[entry["dtype"]]).newbyteorder("<")
   begin, end = offsets
   if end - begin != math.prod(shape) * dtype.itemsize or begin < 0:
-    raise HFError(f"{where}: data_offsets {offsets} hold {end - begin} bytes but shape {shape} of "
-                  f"{entry['dtype']} needs {math.prod(shape) * dtype.itemsize}; the file is damaged")
+    raise HFError(
+      f"{where}: data_offsets {offsets} hold {end - begin} bytes but shape {shape} of "
+      f"{entry['dtype']} needs {math.prod(shape) * dtype.itemsize}; the file is damaged"
+    )
   if end > data_bytes:
-    raise HFError(f"{where} ends at data byte {end} but the file holds {data_bytes}: the file is truncated "
-                  "(an interrupted download or copy?); fetch it again")
+    raise HFError(
+      f"{where} ends at data byte {end} but the file holds {data_bytes}: the file is truncated "
+      "(an interrupted download or copy?); fetch it again"
+    )
   return dtype, shape, begin, end
 
 
@@ -89,8 +115,10 @@ class SafetensorsFile:
       raise HFError(f"{self.path}: {size} bytes, truncated (a safetensors file starts with an 8-byte header length)")
     (header_bytes,) = struct.unpack("<Q", os.pread(self._fd, 8, 0))
     if header_bytes > min(size - 8, MAX_HEADER_BYTES):
-      raise HFError(f"{self.path}: its header claims {header_bytes} bytes but the file has {size}: truncated, or "
-                    "not a safetensors file")
+      raise HFError(
+        f"{self.path}: its header claims {header_bytes} bytes but the file has {size}: truncated, or "
+        "not a safetensors file"
+      )
     try:
       header = json.loads(os.pread(self._fd, header_bytes, 8).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -147,7 +175,7 @@ class SafetensorsFile:
     for start in range(0, len(rows), chunk_rows):
       n = min(chunk_rows, len(rows) - start)
       self._read_into(buffer[:n], info.begin + (rows.start + start) * row_bytes)
-      out[start:start + n] = buffer[(slice(0, n),) + rest]
+      out[start : start + n] = buffer[(slice(0, n),) + rest]
     return out
 
   def close(self):
@@ -175,8 +203,11 @@ class SafetensorsWriter:
     for name, (dtype, shape) in tensors.items():
       dtype = np.dtype(dtype)
       nbytes = math.prod(shape) * dtype.itemsize
-      header[name] = {"dtype": dtype_name(dtype), "shape": [int(d) for d in shape],
-                      "data_offsets": [offset, offset + nbytes]}
+      header[name] = {
+        "dtype": dtype_name(dtype),
+        "shape": [int(d) for d in shape],
+        "data_offsets": [offset, offset + nbytes],
+      }
       self._layout[name] = (dtype, tuple(shape), offset)
       offset += nbytes
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -190,8 +221,11 @@ class SafetensorsWriter:
   def write(self, name, array, row=0):
     dtype, shape, offset = self._layout[name]
     array = np.ascontiguousarray(array)
-    if array.dtype != dtype or array.shape[1:] != shape[1:] or row + (array.shape[0] if shape else 1) > (
-        shape[0] if shape else 1):
+    if (
+      array.dtype != dtype
+      or array.shape[1:] != shape[1:]
+      or row + (array.shape[0] if shape else 1) > (shape[0] if shape else 1)
+    ):
       raise ValueError(f"{name}: writing {array.dtype}{list(array.shape)} at row {row} into {dtype}{list(shape)}")
     row_bytes = math.prod(shape[1:]) * dtype.itemsize
     data = memoryview(array.reshape(-1).view(np.uint8))
@@ -206,8 +240,9 @@ class SafetensorsWriter:
     if self._fd is None:
       return
     try:
-      missing = [n for n, (dtype, shape, _) in self._layout.items()
-                 if self._written[n] != math.prod(shape) * dtype.itemsize]
+      missing = [
+        n for n, (dtype, shape, _) in self._layout.items() if self._written[n] != math.prod(shape) * dtype.itemsize
+      ]
       if missing:
         raise ValueError(f"{self.path}: tensors not written in full: {missing[:3]}")
       os.fsync(self._fd)

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 class Choice(enum.Enum):
   """A backend request (the values are quantization_backend's spellings)."""
+
   AUTO = "auto"
   TE = "te"
   XLA = "xla"
@@ -29,6 +30,7 @@ class Choice(enum.Enum):
 
 class BF16Backend:
   """An unquantized recipe: the plain tensor-core dot (bf16 operands, f32 accumulation, bf16 gradient GEMMs)."""
+
   name = "bf16"
 
   def unavailable_reason(self, recipe: Recipe):
@@ -53,8 +55,9 @@ EMULATED, XLA, TE = emulated.BACKEND, xla.BACKEND, te.BACKEND
 def resolve(recipe: Recipe, requested: Choice = Choice.AUTO) -> Backend:
   """The Backend that runs `recipe` for `requested`; asking for one that can't run here is a BackendError."""
   if not isinstance(requested, Choice):
-    raise BackendError(f"a backend request is a backends.Choice ({', '.join(c.name for c in Choice)}), got "
-                       f"{requested!r}")
+    raise BackendError(
+      f"a backend request is a backends.Choice ({', '.join(c.name for c in Choice)}), got {requested!r}"
+    )
   if not recipe.quantized:
     return BF16
   if requested is Choice.EMULATE:
@@ -68,8 +71,7 @@ def resolve(recipe: Recipe, requested: Choice = Choice.AUTO) -> Backend:
   if reason is None:
     return TE
   if requested is Choice.TE:
-    raise BackendError(f"quantization_backend=te: {recipe.name}: {reason}; use quantization_backend=auto "
-                       "or emulate")
+    raise BackendError(f"quantization_backend=te: {recipe.name}: {reason}; use quantization_backend=auto or emulate")
   if xla.native(recipe):
     return XLA
   if recipe.te_name is not None:

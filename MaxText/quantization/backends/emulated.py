@@ -33,9 +33,13 @@ def element_grid(recipe: Recipe, role: str) -> grids.FloatGrid:
 def nvfp4_options(recipe: Recipe, role: str, key):
   """nvfp4.quantize's arguments for `role` under `recipe`."""
   sr = recipe.stochastic_rounding(role)
-  return dict(tile=(nvfp4.BLOCK, nvfp4.BLOCK) if recipe.tile_2d(role) else (1, nvfp4.BLOCK),
-              rht=recipe.rht(role), stochastic_rounding=sr, key=key if sr else None,
-              four_over_six=recipe.four_over_six(role))
+  return dict(
+    tile=(nvfp4.BLOCK, nvfp4.BLOCK) if recipe.tile_2d(role) else (1, nvfp4.BLOCK),
+    rht=recipe.rht(role),
+    stochastic_rounding=sr,
+    key=key if sr else None,
+    four_over_six=recipe.four_over_six(role),
+  )
 
 
 def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
@@ -61,14 +65,16 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, transpose, 
   """quantize_for_gemm's Pallas path (same bits), or None where the kernels don't cover the operand."""
   # Imported here: Pallas takes ~0.7 s to import, and only the kernel path needs it.
   from MaxText.quantization.kernels import pallas_quantize  # pylint: disable=import-outside-toplevel
+
   rows, cols = x.shape[::-1] if transpose else x.shape
   where = dict(transpose=transpose, interpret=interpret)
   if recipe.format is Format.NVFP4:
     options = nvfp4_options(recipe, role, key)
     if options.pop("four_over_six"):
       return None  # the kernels don't implement Four Over Six: the XLA path quantizes these operands
-    if not pallas_quantize.nvfp4_supported((rows, cols), tile=options["tile"],
-                                           stochastic_rounding=options["stochastic_rounding"], key=key):
+    if not pallas_quantize.nvfp4_supported(
+      (rows, cols), tile=options["tile"], stochastic_rounding=options["stochastic_rounding"], key=key
+    ):
       return None
     values, amax = pallas_quantize.nvfp4_block_scaled(x, **options, **where)
     return QuantizedTensor(values, None, amax, tile=options["tile"])
@@ -85,8 +91,9 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, transpose, 
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2), static_argnames=("kernels", "transpose"))
-def quantize_for_gemm(x, recipe: Recipe, role: str, key=None, scale=None, *, kernels=Kernels.AUTO,
-                      transpose=False) -> QuantizedTensor:
+def quantize_for_gemm(
+  x, recipe: Recipe, role: str, key=None, scale=None, *, kernels=Kernels.AUTO, transpose=False
+) -> QuantizedTensor:
   """`quantize_operand` of x (x.T if `transpose`), folded as the GEMM reads it (see the module doc). One call = one
   quantization. `kernels` (quantizer_impl.resolve): the Pallas kernels, which read x and write the transposed
   operand without materialising x.T, or the XLA path; both give the same bits."""
@@ -139,6 +146,7 @@ def gemm(a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe):
 
 class EmulatedBackend(OperandBackend):
   """Our quantizers (XLA path or Pallas kernels) and a tensor-core-dtype GEMM: runs everywhere."""
+
   name = "emulated"
 
   def unavailable_reason(self, recipe: Recipe):

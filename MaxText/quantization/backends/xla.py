@@ -37,6 +37,7 @@ def unavailable_reason(recipe: Recipe, platform=None):
 def native(recipe: Recipe):
   """Whether the block-scaled dot becomes a real FP4 GEMM here (what `auto` needs to prefer it)."""
   from MaxText.quantization.backends import te  # pylint: disable=import-outside-toplevel
+
   sm = te.gpu_compute_capability()
   return unavailable_reason(recipe) is None and sm is not None and sm >= NATIVE_MIN_SM
 
@@ -53,8 +54,9 @@ def quantize_for_gemm(x, recipe: Recipe, role: str, key=None) -> QuantizedTensor
 
 def gemm(a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe):
   """a [M, K] . b_t [N, K]^T through the block-scaled dot; NVFP4's global scales in the epilogue (f32)."""
-  acc = jax.nn.scaled_matmul(a.values[None], b_t.values[None], a.scales[None], b_t.scales[None],
-                             preferred_element_type=jnp.float32)[0]
+  acc = jax.nn.scaled_matmul(
+    a.values[None], b_t.values[None], a.scales[None], b_t.scales[None], preferred_element_type=jnp.float32
+  )[0]
   if recipe.format is not Format.NVFP4:
     return acc
   return acc * nvfp4.gemm_alpha(a.global_scale, b_t.global_scale, a.e4m3_max, b_t.e4m3_max)
@@ -62,6 +64,7 @@ def gemm(a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe):
 
 class XlaBackend(OperandBackend):
   """Our operands through XLA's block-scaled dot (a native FP4 GEMM on SM100+); NVIDIA GPUs, block-scaled recipes."""
+
   name = "xla"
 
   def unavailable_reason(self, recipe: Recipe):

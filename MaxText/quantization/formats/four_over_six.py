@@ -104,7 +104,7 @@ def tile_errors(row_errors_CxMxB):
   *lead, m, b = row_errors_CxMxB.shape
   rows = row_errors_CxMxB.reshape(*lead, m // 16, 16, b)
   for half in (8, 4, 2, 1):
-    rows = rows[..., :half, :] + rows[..., half:2 * half, :]
+    rows = rows[..., :half, :] + rows[..., half : 2 * half, :]
   return jnp.repeat(rows[..., 0, :], 16, axis=-2)
 
 
@@ -114,5 +114,6 @@ def choose(decode_CxMxB, encode_CxMxB, errors_CxMxB):
   them; the kept values are then rounded again from x with the kept scale (the same bits as the candidate's, and
   cheaper than keeping both candidates' values in memory)."""
   use_4 = errors_CxMxB[1] < errors_CxMxB[0]
-  return grids.materialize(jnp.where(use_4, decode_CxMxB[1], decode_CxMxB[0]),
-                             jnp.where(use_4, encode_CxMxB[1], encode_CxMxB[0]))
+  return grids.materialize(
+    jnp.where(use_4, decode_CxMxB[1], decode_CxMxB[0]), jnp.where(use_4, encode_CxMxB[1], encode_CxMxB[0])
+  )

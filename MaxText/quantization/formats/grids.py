@@ -150,6 +150,7 @@ def round_to_bf16(x):
 @dataclasses.dataclass(frozen=True)
 class FloatGrid:
   """A small floating-point format described by what rounding needs: mantissa bits, min normal exponent, max."""
+
   name: str
   mantissa_bits: int
   min_exponent: int  # exponent of the smallest normal; below it the spacing is constant (subnormals)
@@ -219,7 +220,7 @@ def uniform16(key, shape):
   words = jax.random.bits(key, ((n + 1) // 2,), jnp.uint32)
   # [low halves; high halves] by a broadcast shift, not a concatenate (which stops XLA:CPU vectorizing)
   halves = (words[None, :] >> np.array([[0], [16]], np.uint32)) & np.uint32(0xFFFF)
-  return ((halves.astype(jnp.float32) + 0.5) * 2.0 ** -16).ravel()[:n].reshape(shape)
+  return ((halves.astype(jnp.float32) + 0.5) * 2.0**-16).ravel()[:n].reshape(shape)
 
 
 def cast_exact(x_on_grid, grid: FloatGrid):

@@ -96,27 +96,41 @@ def _block_amax(x_f32, tile):
   return jnp.repeat(grids.abs_max(tiles, axis=(1, 3)), BLOCK, axis=0)
 
 
-def quantize(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None,
-             four_over_six=None) -> QuantizedTensor:
+def quantize(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, four_over_six=None) -> QuantizedTensor:
   """Quantize a 2-D x [M, N] to NVFP4 with blocks along the last axis (16x16 tiles if tile=(16, 16)).
 
   four_over_six: None (every block's max maps to 6), "mse" or "mae" (Four Over Six: the block's max maps to 6 or
   to 4, whichever candidate has the smaller error in that norm; four_over_six.py).
   """
-  return _quantize_jit(x, tile=tuple(tile), rht=rht, stochastic_rounding=stochastic_rounding, key=key,
-                       four_over_six=four_over_six, out="nvfp4")
+  return _quantize_jit(
+    x,
+    tile=tuple(tile),
+    rht=rht,
+    stochastic_rounding=stochastic_rounding,
+    key=key,
+    four_over_six=four_over_six,
+    out="nvfp4",
+  )
 
 
-def quantize_block_scaled(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None,
-                          four_over_six=None) -> QuantizedTensor:
+def quantize_block_scaled(
+  x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, four_over_six=None
+) -> QuantizedTensor:
   """`quantize` with the block scales folded in: values * block decode scale [M, N] in bf16 (no `scales`), what the
   emulated GEMM reads, never through the narrow dtypes.
 
   Exact in bf16: an E2M1 value (2 significant bits) times an E4M3 scale (4 bits) has at most 6
   significant bits and lies in [2**-10, 2688], inside bf16's 8 bits and normal range.
   """
-  values, amax = _quantize_jit(x, tile=tuple(tile), rht=rht, stochastic_rounding=stochastic_rounding, key=key,
-                               four_over_six=four_over_six, out="block_scaled")
+  values, amax = _quantize_jit(
+    x,
+    tile=tuple(tile),
+    rht=rht,
+    stochastic_rounding=stochastic_rounding,
+    key=key,
+    four_over_six=four_over_six,
+    out="block_scaled",
+  )
   return QuantizedTensor(values, None, amax, jnp.float32(global_e4m3_max(four_over_six)), tuple(tile))
 
 
@@ -194,8 +208,9 @@ def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, four_over_six, out)
   values, decode = values.reshape(rows, -1)[:m, :n], decode[:m]
   if out == "block_scaled":
     return _fold_block_scales(values, decode).astype(jnp.bfloat16), amax
-  return QuantizedTensor(grids.cast_exact(values, grids.E2M1), grids.cast_exact(decode, grids.E4M3), amax,
-                         jnp.float32(e4m3_max), tile)
+  return QuantizedTensor(
+    grids.cast_exact(values, grids.E2M1), grids.cast_exact(decode, grids.E4M3), amax, jnp.float32(e4m3_max), tile
+  )
 
 
 def block_scaled_values(q: QuantizedTensor):

@@ -90,7 +90,7 @@ def stochastic_round_to_grid(x, grid: grids.FloatGrid, u):
 
 def uniform16(halves):
   """grids.uniform16 from the 16-bit draws (uint32 < 2**16): (r + 0.5) / 2**16, exact."""
-  return (halves.astype(jnp.float32) + 0.5) * 2.0 ** -16
+  return (halves.astype(jnp.float32) + 0.5) * 2.0**-16
 
 
 def hadamard16(x):
@@ -119,8 +119,8 @@ def e2m1_storage(q):
 
 
 _FP8_CODES = {  # grid name: (exponent bias, NaN code as XLA's convert writes it)
-    "e4m3": (7, 0x7F),
-    "e5m2": (15, 0x7E),
+  "e4m3": (7, 0x7F),
+  "e5m2": (15, 0x7E),
 }
 
 

@@ -31,6 +31,7 @@ def _pow2_divisor(n, cap):
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """Operand [rows, cols] (padded) read from x = operand or operand.T, in [pair, block_rows, block_cols] tiles."""
+
   rows: int
   cols: int
   transpose: bool
@@ -70,8 +71,10 @@ class Layout:
 
   def rows_cols_origin(self):
     """(first row within the half, first col) of this program's tile, uint32."""
-    return ((pl.program_id(0) * self.block_rows).astype(jnp.uint32),
-            (pl.program_id(1) * self.block_cols).astype(jnp.uint32))
+    return (
+      (pl.program_id(0) * self.block_rows).astype(jnp.uint32),
+      (pl.program_id(1) * self.block_cols).astype(jnp.uint32),
+    )
 
 
 def make_layout(rows, cols, *, transpose, pair=1):

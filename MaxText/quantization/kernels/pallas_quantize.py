@@ -35,10 +35,15 @@ def _call(kernel, layout, out_dtype, name, interpret, scalars=()):
   """pallas_call of kernel(*scalar_refs, x_ref, o_ref) over layout's grid, Triton compiler params."""
   scalar_specs = [pl.BlockSpec(s.shape, lambda i, j: (0,)) for s in scalars]
   return pl.pallas_call(
-      kernel, out_shape=layout.out_shape(out_dtype), grid=layout.grid,
-      in_specs=[*scalar_specs, layout.in_spec()], out_specs=layout.out_spec(),
-      compiler_params=pl_triton.CompilerParams(num_warps=_NUM_WARPS, num_stages=1),
-      interpret=interpret, name=KERNEL_PREFIX + name)
+    kernel,
+    out_shape=layout.out_shape(out_dtype),
+    grid=layout.grid,
+    in_specs=[*scalar_specs, layout.in_spec()],
+    out_specs=layout.out_spec(),
+    compiler_params=pl_triton.CompilerParams(num_warps=_NUM_WARPS, num_stages=1),
+    interpret=interpret,
+    name=KERNEL_PREFIX + name,
+  )
 
 
 def _finish(out_3d, layout, rows, cols):
@@ -65,11 +70,15 @@ def amax_padded(x_padded, *, transpose, rht, interpret):
     layout = pallas_layout.make_layout(stored_rows, stored_cols, transpose=False)
   grid = layout.grid
   partial = pl.pallas_call(
-      functools.partial(_amax_kernel, layout=layout, rht=rht),
-      out_shape=jax.ShapeDtypeStruct((1, *grid), jnp.uint32), grid=grid,
-      in_specs=[layout.in_spec()], out_specs=pl.BlockSpec((1, 1, 1), lambda i, j: (0, i, j)),
-      compiler_params=pl_triton.CompilerParams(num_warps=_NUM_WARPS, num_stages=1),
-      interpret=interpret, name=KERNEL_PREFIX + ("amax_rht" if rht else "amax"))(layout.view(x_padded))
+    functools.partial(_amax_kernel, layout=layout, rht=rht),
+    out_shape=jax.ShapeDtypeStruct((1, *grid), jnp.uint32),
+    grid=grid,
+    in_specs=[layout.in_spec()],
+    out_specs=pl.BlockSpec((1, 1, 1), lambda i, j: (0, i, j)),
+    compiler_params=pl_triton.CompilerParams(num_warps=_NUM_WARPS, num_stages=1),
+    interpret=interpret,
+    name=KERNEL_PREFIX + ("amax_rht" if rht else "amax"),
+  )(layout.view(x_padded))
   return grids.f32_from_bits(jnp.max(partial))
 
 
@@ -129,14 +138,17 @@ def nvfp4_supported(shape, *, tile=(1, 16), stochastic_rounding=False, key=None)
   return tile[0] == 1 and rows % 2 == 0 and threefry.reproducible(key, rows * cols // 2)
 
 
-def nvfp4_block_scaled(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, transpose=False,
-                       interpret=False):
+def nvfp4_block_scaled(
+  x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, transpose=False, interpret=False
+):
   """nvfp4.quantize_block_scaled(x.T if transpose else x, ...): (bf16 values * block scales [R, C], amax).
   For operands nvfp4_supported covers."""
   rows, cols = x.shape[::-1] if transpose else x.shape
   if not nvfp4_supported((rows, cols), tile=tile, stochastic_rounding=stochastic_rounding, key=key):
-    raise ValueError(f"nvfp4 kernel: operand {(rows, cols)} with tile {tile}, stochastic_rounding="
-                     f"{stochastic_rounding} is not covered (see nvfp4_supported); use the XLA path")
+    raise ValueError(
+      f"nvfp4 kernel: operand {(rows, cols)} with tile {tile}, stochastic_rounding="
+      f"{stochastic_rounding} is not covered (see nvfp4_supported); use the XLA path"
+    )
   if rht and cols % NVFP4_BLOCK:
     raise ValueError(f"hadamard16: last axis of shape {(rows, cols)} must be a multiple of {NVFP4_BLOCK}")
   tile_rows = tile[0]
@@ -147,12 +159,15 @@ def nvfp4_block_scaled(x, *, tile=(1, 16), rht=False, stochastic_rounding=False,
   if stochastic_rounding:
     scalars.append(threefry.key_words(key))
   padded_rows, padded_cols = padded.shape[::-1] if transpose else padded.shape
-  layout = pallas_layout.make_layout(padded_rows, padded_cols, transpose=transpose,
-                                     pair=2 if stochastic_rounding else 1)
-  kernel = functools.partial(_nvfp4_kernel, layout=layout, tile_rows=tile_rows, rht=rht, sr=stochastic_rounding,
-                             operand_cols=cols)
-  name = ("nvfp4" + ("_16x16" if tile_rows > 1 else "") + ("_rht" if rht else "")
-          + ("_sr" if stochastic_rounding else ""))
+  layout = pallas_layout.make_layout(
+    padded_rows, padded_cols, transpose=transpose, pair=2 if stochastic_rounding else 1
+  )
+  kernel = functools.partial(
+    _nvfp4_kernel, layout=layout, tile_rows=tile_rows, rht=rht, sr=stochastic_rounding, operand_cols=cols
+  )
+  name = (
+    "nvfp4" + ("_16x16" if tile_rows > 1 else "") + ("_rht" if rht else "") + ("_sr" if stochastic_rounding else "")
+  )
   out = _call(kernel, layout, jnp.bfloat16, name, interpret, scalars)(*scalars, layout.view(padded))
   return _finish(out, layout, rows, cols), amax
 
@@ -202,8 +217,9 @@ def mx_block_scaled(x, grid: grids.FloatGrid, *, transpose=False, interpret=Fals
   """mx.quantize(operand, grid) with the E8M0 scales folded in, in bf16; operand = x.T if transpose."""
   rows, cols = x.shape[::-1] if transpose else x.shape
   if cols % MX_BLOCK:
-    raise ValueError(f"MX formats need the contraction axis to be a multiple of {MX_BLOCK}; "
-                     f"got an operand of shape {(rows, cols)}")
+    raise ValueError(
+      f"MX formats need the contraction axis to be a multiple of {MX_BLOCK}; got an operand of shape {(rows, cols)}"
+    )
   layout = pallas_layout.make_layout(rows, cols, transpose=transpose)
   kernel = functools.partial(_mx_kernel, layout=layout, grid=grid)
   out = _call(kernel, layout, jnp.bfloat16, "mx_" + grid.name, interpret)(layout.view(x))

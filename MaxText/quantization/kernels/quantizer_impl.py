@@ -19,6 +19,7 @@ from MaxText.quantization.errors import BackendError
 
 class Kernels(enum.Enum):
   """Who quantizes the emulated backend's operands (the values are quantization_kernels' spellings)."""
+
   AUTO = "auto"
   PALLAS = "pallas"
   XLA = "xla"

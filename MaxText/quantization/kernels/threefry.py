@@ -14,7 +14,7 @@ import numpy as np
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = np.uint32(0x1BD11BDA)
-MAX_WORDS = 2 ** 32  # hi(i) = 0 below this: kernels pass only the low counter
+MAX_WORDS = 2**32  # hi(i) = 0 below this: kernels pass only the low counter
 
 
 def _rotate_left(v, r):

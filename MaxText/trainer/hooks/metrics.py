@@ -18,8 +18,10 @@ class MetricsError(UserError):
 
 def step_line(step, seconds, tflops_per_device, tokens_per_device, total_weights, loss):
   """Exactly MaxText's per-step line, so existing log parsers work."""
-  return (f"completed step: {step}, seconds: {seconds:.3f}, TFLOP/s/device: {tflops_per_device:.3f}, "
-          f"Tokens/s/device: {tokens_per_device:.3f}, total_weights: {int(total_weights)}, loss: {loss:.3f}")
+  return (
+    f"completed step: {step}, seconds: {seconds:.3f}, TFLOP/s/device: {tflops_per_device:.3f}, "
+    f"Tokens/s/device: {tokens_per_device:.3f}, total_weights: {int(total_weights)}, loss: {loss:.3f}"
+  )
 
 
 def _drop_rows_from(path, first_step):
@@ -54,6 +56,7 @@ class MetricsWriter:
       self.jsonl = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
     if tensorboard:
       from tensorboardX import SummaryWriter  # imported here: optional for library users
+
       self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
 
   @contextlib.contextmanager
@@ -62,8 +65,10 @@ class MetricsWriter:
     try:
       yield
     except OSError as e:
-      raise MetricsError(f"can't {what} the metrics in {self.run_dir} ({e.strerror or e}); free space or fix the "
-                         "directory, then rerun (checkpoints resume the run)") from None
+      raise MetricsError(
+        f"can't {what} the metrics in {self.run_dir} ({e.strerror or e}); free space or fix the "
+        "directory, then rerun (checkpoints resume the run)"
+      ) from None
 
   def write(self, step, metrics: dict):
     if not self.enabled:
@@ -109,16 +114,26 @@ class MetricsHook(Hook):
 
   def on_step(self, result, progress):
     seconds = result.seconds
-    result.record.update({
-        "loss": result.loss, "seconds": seconds, "TFLOP/s/device": self.flops.tflops / seconds,
+    result.record.update(
+      {
+        "loss": result.loss,
+        "seconds": seconds,
+        "TFLOP/s/device": self.flops.tflops / seconds,
         "Tokens/s/device": self.tokens_per_device / seconds,
-        "total_weights": float(result.metrics["total_weights"]), "grad_norm": float(result.metrics["grad_norm"]),
-        "learning_rate": float(self.schedule(result.step))})
+        "total_weights": float(result.metrics["total_weights"]),
+        "grad_norm": float(result.metrics["grad_norm"]),
+        "learning_rate": float(self.schedule(result.step)),
+      }
+    )
     if "quant_stats" in result.metrics:
       result.record.update(precision.stats_record(result.plan, jax.device_get(result.metrics["quant_stats"])))
     record = result.record
-    print(step_line(result.step, seconds, record["TFLOP/s/device"], record["Tokens/s/device"], record["total_weights"],
-                    result.loss), flush=True)
+    print(
+      step_line(
+        result.step, seconds, record["TFLOP/s/device"], record["Tokens/s/device"], record["total_weights"], result.loss
+      ),
+      flush=True,
+    )
 
   def after_steps(self, results, progress, sync):
     for result in results:

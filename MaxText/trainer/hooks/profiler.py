@@ -31,10 +31,10 @@ TOP_KERNELS, PRINTED_KERNELS = 40, 10  # kept in profile_summary.json / printed
 _CONTAINERS = ("while", "conditional", "call")  # their time is their body's ops' (CPU traces both): not counted
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "send", "recv")
 _KERNEL_PATTERNS = (  # fallback when a kernel carries no hlo_op we know
-    ("attention", re.compile(r"fmha|flash|cudnn|attention", re.I)),
-    ("gemm", re.compile(r"gemm|xmma|cutlass|nvjet|matmul|\bdot\b", re.I)),
-    ("collective", re.compile(r"nccl|all_reduce|allreduce|all_gather|reduce_scatter", re.I)),
-    ("copy/transpose", re.compile(r"memcpy|memset|copy|transpose", re.I)),
+  ("attention", re.compile(r"fmha|flash|cudnn|attention", re.I)),
+  ("gemm", re.compile(r"gemm|xmma|cutlass|nvjet|matmul|\bdot\b", re.I)),
+  ("collective", re.compile(r"nccl|all_reduce|allreduce|all_gather|reduce_scatter", re.I)),
+  ("copy/transpose", re.compile(r"memcpy|memset|copy|transpose", re.I)),
 )
 
 
@@ -61,8 +61,11 @@ class Profiler:
     self.active = False
     self._profiled = None  # (last step profiled, its compiled_step_fn) while the window is open
     if self.mode and self.first >= cfg.steps:
-      print(f"warning: profiler={self.mode}: skip_first_n_steps_for_profiler={self.first} is not before steps="
-            f"{cfg.steps}, so no step will be profiled; lower it", flush=True)
+      print(
+        f"warning: profiler={self.mode}: skip_first_n_steps_for_profiler={self.first} is not before steps="
+        f"{cfg.steps}, so no step will be profiled; lower it",
+        flush=True,
+      )
       self.mode = ""
     if self.mode == "nsys":
       self._cudart = _load_cudart()
@@ -133,22 +136,29 @@ class Profiler:
     try:
       self._stop()
     except Exception as e:  # pylint: disable=broad-except  # never hides why the run stopped
-      print(f"warning: the profile of steps {self.first}.. could not be summarised ({type(e).__name__}: {e})",
-            flush=True)
+      print(
+        f"warning: the profile of steps {self.first}.. could not be summarised ({type(e).__name__}: {e})", flush=True
+      )
 
   def _cuda(self, function):
     """cudaProfilerStart/Stop; a CUDA error is one warning line (the run goes on) and False."""
     code = getattr(self._cudart, function)()
     if code:
-      print(f"warning: profiler=nsys: {function} failed (cudaError {code}); no nsys capture of steps "
-            f"{self.first}-{self.last} (is a GPU visible to this process?)", flush=True)
+      print(
+        f"warning: profiler=nsys: {function} failed (cudaError {code}); no nsys capture of steps "
+        f"{self.first}-{self.last} (is a GPU visible to this process?)",
+        flush=True,
+      )
     return not code
 
 
 def _load_cudart():
   """The CUDA runtime library (nsys's capture range): the system's, or the one jax's CUDA wheels install."""
-  candidates = [ctypes.util.find_library("cudart")] + sorted(glob.glob(os.path.join(
-      os.path.dirname(os.path.dirname(jax.__file__)), "nvidia", "cuda_runtime", "lib", "libcudart.so*")))
+  candidates = [ctypes.util.find_library("cudart")] + sorted(
+    glob.glob(
+      os.path.join(os.path.dirname(os.path.dirname(jax.__file__)), "nvidia", "cuda_runtime", "lib", "libcudart.so*")
+    )
+  )
   for path in [c for c in candidates if c] + ["libcudart.so.12", "libcudart.so"]:
     try:
       library = ctypes.CDLL(path)
@@ -156,8 +166,10 @@ def _load_cudart():
         return library
     except OSError:
       continue
-  raise ProfilerError("profiler=nsys needs the CUDA runtime (libcudart.so), which is not on this machine; run it "
-                      "on an NVIDIA GPU under nsys profile --capture-range=cudaProfilerApi, or use profiler=xplane")
+  raise ProfilerError(
+    "profiler=nsys needs the CUDA runtime (libcudart.so), which is not on this machine; run it "
+    "on an NVIDIA GPU under nsys profile --capture-range=cudaProfilerApi, or use profiler=xplane"
+  )
 
 
 def newest_xplane(trace_dir):
@@ -169,6 +181,7 @@ def newest_xplane(trace_dir):
 
 # -- the optimized HLO: what each op is ------------------------------------------------------------
 
+
 def _split_type(rhs):
   """('(f32[2], s8[4])' or 'bf16[8,4]{1,0}', rest) from the right-hand side of an HLO instruction."""
   if rhs.startswith("("):
@@ -176,7 +189,7 @@ def _split_type(rhs):
     for i, ch in enumerate(rhs):
       depth += {"(": 1, ")": -1}.get(ch, 0)
       if depth == 0:
-        return rhs[:i + 1], rhs[i + 1:].strip()
+        return rhs[: i + 1], rhs[i + 1 :].strip()
   head, _, rest = rhs.partition(" ")
   return head, rest.strip()
 
@@ -190,16 +203,21 @@ def _parenthesized(text):
   for i in range(start, len(text)):
     depth += {"(": 1, ")": -1}.get(text[i], 0)
     if depth == 0:
-      return text[start + 1:i], text[i + 1:]
-  return text[start + 1:], ""
+      return text[start + 1 : i], text[i + 1 :]
+  return text[start + 1 :], ""
 
 
 _DTYPE = re.compile(r"\b(pred|[subf]\d+|bf16|f8e\w+|f4e\w+|c\d+)\[")
 _FUSION_KIND = re.compile(r'"fusion_backend_config":\s*\{\s*"kind":\s*"([^"]+)"')
 # Fusions XLA:GPU emits as one GEMM kernel: Triton GEMMs (at small shapes or with xla_gpu_enable_triton_gemm),
 # their nested form, cuBLAS / cuDNN GEMM fusions.
-_GEMM_FUSION_KINDS = ("__triton_gemm", "__triton_nested_gemm_fusion", "__triton_scaled_dot_fusion", "__cublas",
-                      "__cudnn$fusion")
+_GEMM_FUSION_KINDS = (
+  "__triton_gemm",
+  "__triton_nested_gemm_fusion",
+  "__triton_scaled_dot_fusion",
+  "__cublas",
+  "__cudnn$fusion",
+)
 
 
 def parse_hlo(hlo_text):
@@ -220,8 +238,13 @@ def parse_hlo(hlo_text):
     operands, attributes = _parenthesized(rest)
     target = re.search(r'custom_call_target="([^"]+)"', attributes) or _FUSION_KIND.search(attributes)
     calls = re.search(r"calls=%?([\w.\-]+)", attributes)
-    instructions[name] = (opcode, result_type, _DTYPE.findall(operands) or _operand_dtypes(operands, instructions),
-                          target.group(1) if target else "", calls.group(1) if calls else "")
+    instructions[name] = (
+      opcode,
+      result_type,
+      _DTYPE.findall(operands) or _operand_dtypes(operands, instructions),
+      target.group(1) if target else "",
+      calls.group(1) if calls else "",
+    )
     if current:
       computations[current].append(name)
   return instructions, computations
@@ -315,9 +338,11 @@ def kernel_op(kernel_name, names):
 
 # -- the trace ---------------------------------------------------------------------------------------
 
+
 def _device_events(xplane_path):
   """[(kernel name, hlo_op, duration ns)] of the device's work: GPU streams, or the XLA CPU ops."""
   from jax.profiler import ProfileData  # pylint: disable=import-outside-toplevel
+
   data = ProfileData.from_file(xplane_path)
   planes = list(data.planes)
   gpu = [p for p in planes if p.name.startswith("/device:GPU")]
@@ -347,21 +372,38 @@ def summarize(xplane_path, hlo_text, steps):
     if category == "container":
       continue
     if category is None:
-      category = next((c for c, pattern in _KERNEL_PATTERNS if pattern.search(name)), "quantization/elementwise"
-                      if hlo_op else "other")
+      category = next(
+        (c for c, pattern in _KERNEL_PATTERNS if pattern.search(name)),
+        "quantization/elementwise" if hlo_op else "other",
+      )
     by_category[category] += ns
     kernel = by_kernel.setdefault(name, {"name": name, "hlo_op": hlo_op, "category": category, "ns": 0.0, "count": 0})
     kernel["ns"] += ns
     kernel["count"] += 1
   total = sum(by_category.values())
   per_step = lambda ns: ns / steps / 1e6
-  categories = [{"category": c, "ms_per_step": per_step(ns), "share": ns / total if total else 0.0}
-                for c, ns in by_category.most_common()]
+  categories = [
+    {"category": c, "ms_per_step": per_step(ns), "share": ns / total if total else 0.0}
+    for c, ns in by_category.most_common()
+  ]
   top = sorted(by_kernel.values(), key=lambda k: -k["ns"])[:TOP_KERNELS]
-  kernels = [{"name": k["name"], "hlo_op": k["hlo_op"], "category": k["category"], "ms_per_step": per_step(k["ns"]),
-              "calls_per_step": k["count"] / steps} for k in top]
-  return {"device": device, "device_ms_per_step": per_step(total), "categories": categories, "top_kernels": kernels,
-          "trace": xplane_path}
+  kernels = [
+    {
+      "name": k["name"],
+      "hlo_op": k["hlo_op"],
+      "category": k["category"],
+      "ms_per_step": per_step(k["ns"]),
+      "calls_per_step": k["count"] / steps,
+    }
+    for k in top
+  ]
+  return {
+    "device": device,
+    "device_ms_per_step": per_step(total),
+    "categories": categories,
+    "top_kernels": kernels,
+    "trace": xplane_path,
+  }
 
 
 def compiled_memory(compiled):
@@ -384,16 +426,21 @@ def attention_tflops(summary, attention_flops):
 
 
 def format_summary(summary):
-  lines = [f"profile: device time per step {summary['device_ms_per_step']:.2f} ms on {summary['device']} "
-           f"(trace {summary['trace']})",
-           f"  {'category':<26} {'ms/step':>9} {'share':>7}"]
+  lines = [
+    f"profile: device time per step {summary['device_ms_per_step']:.2f} ms on {summary['device']} "
+    f"(trace {summary['trace']})",
+    f"  {'category':<26} {'ms/step':>9} {'share':>7}",
+  ]
   lines += [f"  {c['category']:<26} {c['ms_per_step']:>9.2f} {c['share']:>7.1%}" for c in summary["categories"]]
   if summary.get("attention_tflops"):
-    lines.append(f"  attention kernels: {summary['attention_tflops']:.0f} TFLOP/s (causal, forward + backward = "
-                 "3 x forward)")
+    lines.append(
+      f"  attention kernels: {summary['attention_tflops']:.0f} TFLOP/s (causal, forward + backward = 3 x forward)"
+    )
   lines.append(f"  top kernels: {'ms/step':>9} {'calls':>6}  category                   name")
-  lines += [f"  {'':<13}{k['ms_per_step']:>9.2f} {k['calls_per_step']:>6.1f}  {k['category']:<26} {k['name'][:90]}"
-            for k in summary["top_kernels"][:PRINTED_KERNELS]]
+  lines += [
+    f"  {'':<13}{k['ms_per_step']:>9.2f} {k['calls_per_step']:>6.1f}  {k['category']:<26} {k['name'][:90]}"
+    for k in summary["top_kernels"][:PRINTED_KERNELS]
+  ]
   return "\n".join(lines)
 
 

@@ -51,12 +51,21 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_direct_load_reads_each_devices_slices_and_equals_the_import(tmp_path):
-  result = subprocess.run([sys.executable, "-c", SCRIPT, str(HF_TINY), str(tmp_path)], cwd=REPO,
-                          env=cpu_subprocess_env(8), capture_output=True, text=True, check=False)
+  result = subprocess.run(
+    [sys.executable, "-c", SCRIPT, str(HF_TINY), str(tmp_path)],
+    cwd=REPO,
+    env=cpu_subprocess_env(8),
+    capture_output=True,
+    text=True,
+    check=False,
+  )
   assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
 
 
 def test_a_config_that_disagrees_with_config_json_is_refused(hf_tiny_import):
   cfg = config.load(hf_tiny_import / "config.yml", ["normalization_layer_epsilon=1e-5"])
-  with HFCheckpoint(HF_TINY) as hf, pytest.raises(HFError, match="normalization_layer_epsilon=1e-06 but the config has"):
+  with (
+    HFCheckpoint(HF_TINY) as hf,
+    pytest.raises(HFError, match="normalization_layer_epsilon=1e-06 but the config has"),
+  ):
     direct.check_agrees(cfg, hf)

@@ -37,7 +37,8 @@ def test_import_then_export_is_the_original_bit_for_bit(hf_tiny_import, tmp_path
   assert index["metadata"]["total_size"] == sum(a.nbytes for a in original.values())
   written, source = (json.loads((d / "config.json").read_text()) for d in (tmp_path / "out", HF_TINY))
   assert {k: written[k] for k in ("vocab_size", "max_position_embeddings", "bos_token_id", "rms_norm_eps")} == {
-      k: source[k] for k in ("vocab_size", "max_position_embeddings", "bos_token_id", "rms_norm_eps")}
+    k: source[k] for k in ("vocab_size", "max_position_embeddings", "bos_token_id", "rms_norm_eps")
+  }
   for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
     assert (tmp_path / "out" / name).read_bytes() == (HF_TINY / name).read_bytes()
 
@@ -53,10 +54,21 @@ def test_float32_export_holds_the_same_values(hf_tiny_import, tmp_path):
 
 @pytest.mark.heavy
 def test_a_te_nvfp4_fine_tune_exports_and_reimports_to_its_parameters(hf_tiny_import, tmp_path):
-  overrides = ["steps=3", "quantization=te_nvfp4", "enable_checkpointing=true", "checkpoint_period=3",
-               "dataset_type=synthetic", "max_target_length=32", "per_device_batch_size=2", "learning_rate=1e-2",
-               "remat_policy=none",
-               "enable_tensorboard=false", f"base_output_directory={tmp_path}", "run_name=ft", f"jax_cache_dir={JAX_CACHE}"]
+  overrides = [
+    "steps=3",
+    "quantization=te_nvfp4",
+    "enable_checkpointing=true",
+    "checkpoint_period=3",
+    "dataset_type=synthetic",
+    "max_target_length=32",
+    "per_device_batch_size=2",
+    "learning_rate=1e-2",
+    "remat_policy=none",
+    "enable_tensorboard=false",
+    f"base_output_directory={tmp_path}",
+    "run_name=ft",
+    f"jax_cache_dir={JAX_CACHE}",
+  ]
   # Trained from the Hugging Face directory itself (load_parameters_path=HF_TINY: the direct load in the trainer).
   direct = importer.import_checkpoint(HF_TINY, tmp_path / "direct", direct=True, log=lambda *_: None)
   losses = train.train(config.load(direct, overrides))
@@ -67,7 +79,10 @@ def test_a_te_nvfp4_fine_tune_exports_and_reimports_to_its_parameters(hf_tiny_im
   _, _, start, _ = tiny.load(hf_tiny_import / "config.yml")
   trained, start = jax.tree.map(np.asarray, trained), jax.tree.map(np.asarray, start)
   assert not np.array_equal(trained["layers"]["mlp"]["up"]["kernel"][...], start["layers"]["mlp"]["up"]["kernel"][...])
-  for dtype, rounded in (("float32", lambda a: a), ("bfloat16", lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float32))):
+  for dtype, rounded in (
+    ("float32", lambda a: a),
+    ("bfloat16", lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float32)),
+  ):
     exporter.export(cfg, step_dir, tmp_path / dtype, dtype=dtype, log=lambda *_: None)
     importer.import_checkpoint(tmp_path / dtype, tmp_path / f"re-{dtype}", log=lambda *_: None)
     _, _, back, _ = tiny.load(tmp_path / f"re-{dtype}" / "config.yml")

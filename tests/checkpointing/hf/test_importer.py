@@ -37,8 +37,9 @@ def test_float32_logits_match_transformers(hf_tiny_import):
 def test_greedy_continuations_match_transformers_token_for_token(hf_tiny_import):
   records, _ = tiny.reference()
   longest = max(len(r["prompt_ids"]) for r in records)
-  cfg, graphdef, params, rest = tiny.load(hf_tiny_import / "config.yml", f"max_prefill_predict_length={longest}",
-                                          f"max_target_length={longest + 20}")
+  cfg, graphdef, params, rest = tiny.load(
+    hf_tiny_import / "config.yml", f"max_prefill_predict_length={longest}", f"max_target_length={longest + 20}"
+  )
   # One batch of prompts of different lengths, no EOS stop (as the reference).
   generate = Generator(cfg, graphdef, rest, [(0, cfg.base_num_decoder_layers, uniform())], len(records))
   result = generate(params, [r["prompt_ids"] for r in records])
@@ -48,11 +49,20 @@ def test_greedy_continuations_match_transformers_token_for_token(hf_tiny_import)
 
 def test_the_written_config_runs_as_is(hf_tiny_import):
   cfg = config.load(hf_tiny_import / "config.yml")
-  assert (cfg.base_emb_dim, cfg.base_num_kv_heads, cfg.rope_type, cfg.rope_original_max_position) == (64, 2, "llama3.1", 64)
+  assert (cfg.base_emb_dim, cfg.base_num_kv_heads, cfg.rope_type, cfg.rope_original_max_position) == (
+    64,
+    2,
+    "llama3.1",
+    64,
+  )
   assert cfg.load_parameters_path == str(hf_tiny_import / "checkpoints" / "0")
   assert cfg.tokenizer_type == "huggingface" and cfg.tokenizer_path == str(hf_tiny_import / "hf" / "tokenizer.json")
   assert sorted(p.name for p in (hf_tiny_import / "hf").iterdir()) == [
-      "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"]
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+  ]
 
 
 def _copy(tmp_path):
@@ -97,6 +107,7 @@ def test_tied_embeddings_import_as_logits_via_embedding_and_export_back(tmp_path
   x = model.hidden(jnp.asarray([[0, 51, 48]]))
   np.testing.assert_array_equal(model.logits(x), jnp.einsum("bld,vd->blv", x, params["embed"]["embedding"][...]))
   from MaxText.checkpointing.hf import exporter  # pylint: disable=import-outside-toplevel
+
   exporter.export(cfg, tmp_path / "imported" / "checkpoints" / "0", tmp_path / "exported", log=lambda *_: None)
   exported = json.loads((tmp_path / "exported" / "config.json").read_text())
   assert exported["tie_word_embeddings"] is True
@@ -105,8 +116,9 @@ def test_tied_embeddings_import_as_logits_via_embedding_and_export_back(tmp_path
 
 
 def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "MaxText.convert_hf", *map(str, args)], cwd=REPO, capture_output=True,
-                        text=True, check=False)
+  return subprocess.run(
+    [sys.executable, "-m", "MaxText.convert_hf", *map(str, args)], cwd=REPO, capture_output=True, text=True, check=False
+  )
 
 
 def _not_llama(hf):
@@ -120,7 +132,9 @@ def _shape(hf):
 
 
 def _extra(hf):
-  _rewrite(hf / "model-00002-of-00002.safetensors", add={"model.layers.0.self_attn.q_proj.bias": np.zeros(64, np.float32)})
+  _rewrite(
+    hf / "model-00002-of-00002.safetensors", add={"model.layers.0.self_attn.q_proj.bias": np.zeros(64, np.float32)}
+  )
   _edit_index(hf, lambda m: m.update({"model.layers.0.self_attn.q_proj.bias": "model-00002-of-00002.safetensors"}))
 
 
@@ -134,16 +148,21 @@ def _int8(hf):
   _rewrite(_file_of(hf, name), retype=lambda n, a: a.astype(np.int8) if n == name else a)
 
 
-@pytest.mark.parametrize("damage, message", [
+@pytest.mark.parametrize(
+  "damage, message",
+  [
     (_not_llama, "not a Llama architecture"),
-    (lambda hf: _edit_index(hf, lambda m: m.pop("model.layers.1.mlp.up_proj.weight")),
-     "tensor model.layers.1.mlp.up_proj.weight is missing"),
+    (
+      lambda hf: _edit_index(hf, lambda m: m.pop("model.layers.1.mlp.up_proj.weight")),
+      "tensor model.layers.1.mlp.up_proj.weight is missing",
+    ),
     (_extra, "unexpected tensor model.layers.0.self_attn.q_proj.bias"),
     (_shape, r"model.layers.0.mlp.gate_proj.weight has shape \[160, 64\] but config.json implies \[176, 64\]"),
     (_truncate, "truncated"),
     (_int8, "model.layers.2.mlp.up_proj.weight is int8"),
     (lambda hf: (hf / "config.json").unlink(), "no config.json"),
-])
+  ],
+)
 def test_bad_checkpoints_are_one_line_errors_and_write_nothing(tmp_path, capsys, damage, message):
   hf = _copy(tmp_path)
   damage(hf)
@@ -166,6 +185,7 @@ def test_a_storage_fault_mid_import_is_one_line_and_leaves_nothing(tmp_path, cap
 
   def full_disk(*_):
     raise ValueError("RESOURCE_EXHAUSTED: Error writing file: No space left on device [OS error: 28]")
+
   monkeypatch.setattr(orbax_writer.ParamCheckpointWriter, "write", full_disk)
   assert convert_hf.main(["to-maxtext", str(HF_TINY), str(tmp_path / "out")]) == 2
   err = capsys.readouterr().err

@@ -10,8 +10,14 @@ from MaxText.checkpointing.hf.importer import config_from_keys
 from tests.conftest import REPO
 
 TINY = json.loads((REPO / "tests" / "data" / "hf_tiny" / "config.json").read_text())
-ROPE_KEYS = {"rope_max_timescale": 10000.0, "rope_type": "llama3.1", "rope_scaling_factor": 8.0,
-             "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0, "rope_original_max_position": 64}
+ROPE_KEYS = {
+  "rope_max_timescale": 10000.0,
+  "rope_type": "llama3.1",
+  "rope_scaling_factor": 8.0,
+  "rope_low_freq_factor": 1.0,
+  "rope_high_freq_factor": 4.0,
+  "rope_original_max_position": 64,
+}
 
 
 def _legacy(hf):
@@ -27,8 +33,15 @@ def test_the_committed_config_and_its_legacy_spelling_give_the_same_keys():
   keys = model_config.to_keys(TINY)
   assert keys == model_config.to_keys(_legacy(TINY))
   assert {k: keys[k] for k in ROPE_KEYS} == ROPE_KEYS
-  assert (keys["base_emb_dim"], keys["base_mlp_dim"], keys["base_num_decoder_layers"], keys["base_num_query_heads"],
-          keys["base_num_kv_heads"], keys["head_dim"], keys["vocab_size"]) == (64, 160, 3, 4, 2, 16, 384)
+  assert (
+    keys["base_emb_dim"],
+    keys["base_mlp_dim"],
+    keys["base_num_decoder_layers"],
+    keys["base_num_query_heads"],
+    keys["base_num_kv_heads"],
+    keys["head_dim"],
+    keys["vocab_size"],
+  ) == (64, 160, 3, 4, 2, 16, 384)
   assert keys["normalization_layer_epsilon"] == 1e-6 and keys["logits_via_embedding"] is False
   plain = {k: v for k, v in TINY.items() if k != "rope_parameters"}
   assert model_config.to_keys({**plain, "rope_theta": 5e5, "tie_word_embeddings": True})["rope_type"] == "default"
@@ -43,17 +56,22 @@ def test_an_exported_config_reads_back_to_the_same_keys():
   assert written["rope_scaling"]["rope_type"] == "llama3" and "rope_parameters" not in written
   assert written["max_position_embeddings"] == 256 and written["torch_dtype"] == "bfloat16"
   fresh = model_config.to_config_json(cfg.replace(rope_type="default"), None, dtype="float32", bos_id=0, eos_id=1)
-  assert fresh["rope_scaling"] is None and fresh["bos_token_id"] == 0 and model_config.to_keys(fresh)["vocab_size"] == 384
+  assert (
+    fresh["rope_scaling"] is None and fresh["bos_token_id"] == 0 and model_config.to_keys(fresh)["vocab_size"] == 384
+  )
 
 
-@pytest.mark.parametrize("change, message", [
+@pytest.mark.parametrize(
+  "change, message",
+  [
     ({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}, "not a Llama architecture"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "RoPE type 'yarn'"),
     ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}}, "lacks low_freq_factor"),
     ({"hidden_act": "gelu"}, "silu with no biases"),
     ({"attention_bias": True}, "silu with no biases"),
     ({"hidden_size": None}, "lacks hidden_size"),
-])
+  ],
+)
 def test_what_is_not_our_llama_is_refused_in_one_line(change, message):
   with pytest.raises(HFError, match=message) as e:
     model_config.to_keys({**TINY, **change}, "somewhere/config.json")

@@ -11,8 +11,10 @@ import orbax.checkpoint as ocp
 
 from MaxText.checkpointing.hf.orbax_writer import ParamCheckpointWriter, leaf_keys
 
-ARRAYS = {"embed/embedding": np.arange(40, dtype=np.float32).reshape(8, 5),
-          "layers/mlp/gate/kernel": np.arange(60, dtype=np.float32).reshape(3, 5, 4) / 7}
+ARRAYS = {
+  "embed/embedding": np.arange(40, dtype=np.float32).reshape(8, 5),
+  "layers/mlp/gate/kernel": np.arange(60, dtype=np.float32).reshape(3, 5, 4) / 7,
+}
 
 
 def _tree(arrays):
@@ -27,19 +29,21 @@ def _tree(arrays):
 
 def test_tree_record_matches_orbax_and_orbax_restores_it(tmp_path):
   ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=False, use_zarr3=False)).save(
-      tmp_path / "orbax", _tree({k: jnp.asarray(v) for k, v in ARRAYS.items()}))
+    tmp_path / "orbax", _tree({k: jnp.asarray(v) for k, v in ARRAYS.items()})
+  )
   ours = tmp_path / "ours"
   stored = {k: v.astype(ml_dtypes.bfloat16) for k, v in ARRAYS.items()}
   writer = ParamCheckpointWriter(ours, {k: (v.shape, v.dtype, v.ndim - 1, v.ndim == 3) for k, v in stored.items()})
   for layer in range(3):  # one layer at a time, in two column blocks
     for cols in (slice(0, 2), slice(2, 4)):
-      writer.write("layers/mlp/gate/kernel", (layer, slice(None), cols), stored["layers/mlp/gate/kernel"][layer, :, cols])
+      writer.write(
+        "layers/mlp/gate/kernel", (layer, slice(None), cols), stored["layers/mlp/gate/kernel"][layer, :, cols]
+      )
   writer.write("embed/embedding", (slice(None), slice(None)), stored["embed/embedding"])
   writer.finish()
   record, theirs = (json.loads((d / "_METADATA").read_text()) for d in (ours, tmp_path / "orbax"))
   assert record == theirs  # the same tree record, key for key
-  assert sorted(p.name for p in ours.iterdir() if p.is_dir()) == sorted(
-      ".".join(leaf_keys(k)) for k in ARRAYS)
+  assert sorted(p.name for p in ours.iterdir() if p.is_dir()) == sorted(".".join(leaf_keys(k)) for k in ARRAYS)
   cpu = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=cpu), _tree(ARRAYS))
   restored = ocp.StandardCheckpointer().restore(ours, target)

@@ -19,8 +19,8 @@ def _parse(path):
   """The format by its definition: u64 little-endian header length, JSON header, data."""
   raw = path.read_bytes()
   (n,) = struct.unpack("<Q", raw[:8])
-  header = json.loads(raw[8:8 + n])
-  return header, raw[8 + n:], n
+  header = json.loads(raw[8 : 8 + n])
+  return header, raw[8 + n :], n
 
 
 def test_reads_the_reference_writers_files_and_their_slices(monkeypatch):
@@ -38,11 +38,15 @@ def test_reads_the_reference_writers_files_and_their_slices(monkeypatch):
 
 
 def test_writer_lays_out_the_format(tmp_path):
-  arrays = {"w": np.arange(12, dtype=np.float32).reshape(3, 4).astype(ml_dtypes.bfloat16),
-            "codes": np.arange(10, dtype=np.uint8).reshape(2, 5), "scale": np.float32(0.25).reshape(()),
-            "e4m3": np.array([0.5, -448.0, 3.0], ml_dtypes.float8_e4m3fn)}
-  writer = st.SafetensorsWriter(tmp_path / "x.safetensors", {k: (a.dtype, a.shape) for k, a in arrays.items()},
-                                metadata={"format": "pt"})
+  arrays = {
+    "w": np.arange(12, dtype=np.float32).reshape(3, 4).astype(ml_dtypes.bfloat16),
+    "codes": np.arange(10, dtype=np.uint8).reshape(2, 5),
+    "scale": np.float32(0.25).reshape(()),
+    "e4m3": np.array([0.5, -448.0, 3.0], ml_dtypes.float8_e4m3fn),
+  }
+  writer = st.SafetensorsWriter(
+    tmp_path / "x.safetensors", {k: (a.dtype, a.shape) for k, a in arrays.items()}, metadata={"format": "pt"}
+  )
   writer.write("w", arrays["w"][1:], row=1)  # rows in any order
   writer.write("w", arrays["w"][:1])
   for k in ("codes", "scale", "e4m3"):
@@ -65,13 +69,16 @@ def test_writer_refuses_to_close_an_incomplete_file(tmp_path):
     writer.close()
 
 
-@pytest.mark.parametrize("damage, message", [
+@pytest.mark.parametrize(
+  "damage, message",
+  [
     (lambda raw: raw[:-10], "truncated"),
     (lambda raw: raw[:5], "truncated"),
     (lambda raw: raw.replace(b'"F32"', b'"F99"'), "dtype 'F99'"),
     (lambda raw: raw[:8] + b"{not json" + raw[17:], "not JSON"),
-    (lambda raw: struct.pack("<Q", 10 ** 12) + raw[8:], "header claims"),
-])
+    (lambda raw: struct.pack("<Q", 10**12) + raw[8:], "header claims"),
+  ],
+)
 def test_damaged_files_are_one_line_errors(tmp_path, damage, message):
   writer = st.SafetensorsWriter(tmp_path / "ok.safetensors", {"w": (np.float32, (4, 4))})
   writer.write("w", np.ones((4, 4), np.float32))

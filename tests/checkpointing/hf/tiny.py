@@ -1,4 +1,4 @@
-"""The committed tiny Llama (tests/data/hf_tiny) as our model: config, graph and parameters, and transformers' reference."""
+"""The committed tiny Llama (tests/data/hf_tiny) as our model: config, graph, parameters; transformers' reference."""
 
 import json
 

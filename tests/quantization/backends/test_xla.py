@@ -23,8 +23,11 @@ ON_GPU = jax.default_backend() == "gpu"
 def _block_scaled_dots(module_text):
   """Each block-scaled dot the module runs (a custom call in a function counts once per call of that function)."""
   functions = re.split(r"\n(?=\s*func\.func )", module_text)
-  body = {re.search(r"func\.func (?:public |private )?@([\w$.-]+)", f).group(1): f
-          for f in functions if re.search(r"func\.func (?:public |private )?@", f)}
+  body = {
+    re.search(r"func\.func (?:public |private )?@([\w$.-]+)", f).group(1): f
+    for f in functions
+    if re.search(r"func\.func (?:public |private )?@", f)
+  }
 
   def runs(name, depth=0):
     text = body[name]
@@ -33,6 +36,7 @@ def _block_scaled_dots(module_text):
       if callee in body and depth < 50:
         own += runs(callee, depth + 1)
     return own
+
   return runs("main")
 
 
@@ -46,15 +50,19 @@ def as_if_on_a_gpu(monkeypatch):
   backends.resolve.cache_clear()
 
 
-@pytest.mark.parametrize("quantization, operand, scale", [
-    ("te_nvfp4", "f4E2M1FN", "f8E4M3FN"), ("mxfp4", "f4E2M1FN", "f8E8M0FNU"), ("te_mxfp8", "f8E", "f8E8M0FNU")])
-def test_train_step_lowered_for_cuda_has_a_block_scaled_dot_per_quantized_gemm(as_if_on_a_gpu, quantization,
-                                                                                operand, scale):
+@pytest.mark.parametrize(
+  "quantization, operand, scale",
+  [("te_nvfp4", "f4E2M1FN", "f8E4M3FN"), ("mxfp4", "f4E2M1FN", "f8E8M0FNU"), ("te_mxfp8", "f8E", "f8E8M0FNU")],
+)
+def test_train_step_lowered_for_cuda_has_a_block_scaled_dot_per_quantized_gemm(
+  as_if_on_a_gpu, quantization, operand, scale
+):
   cfg = _cfg(f"quantization={quantization}", "quantization_backend=xla")
   assert "xla" in precision.format_plan(precision.plan_from_config(cfg), cfg, accounting.gemm_flops(cfg))
   step, args = _step_and_args(cfg)
-  exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
-      jax.export.DisabledSafetyCheck.custom_call("__op$block_scaled_dot")])(*args)
+  exported = jax.export.export(
+    step, platforms=["cuda"], disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__op$block_scaled_dot")]
+  )(*args)
   calls = _block_scaled_dots(exported.mlir_module())
   # fprop, dgrad and wgrad of gate, up and down in each layer; attention and the lm head stay bf16.
   assert len(calls) == 3 * 3 * cfg.base_num_decoder_layers
@@ -69,8 +77,10 @@ def test_where_it_cannot_run_it_is_one_line_and_auto_never_picks_it(capsys):
   base = [str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, "quantization=te_nvfp4", "dry_run=true"]
   assert train.main(base + ["quantization_backend=xla"]) == 2
   err = capsys.readouterr().err
-  assert err.strip() == ("error: quantization_backend=xla: jax.nn.scaled_matmul (__op$block_scaled_dot) runs on "
-                         f"NVIDIA GPUs only, not on {jax.default_backend()}; use quantization_backend=auto or emulate")
+  assert err.strip() == (
+    "error: quantization_backend=xla: jax.nn.scaled_matmul (__op$block_scaled_dot) runs on "
+    f"NVIDIA GPUs only, not on {jax.default_backend()}; use quantization_backend=auto or emulate"
+  )
   assert backends.resolve(get_recipe("te_nvfp4"), backends.Choice.AUTO) is backends.EMULATED
 
 
@@ -84,10 +94,12 @@ def test_xla_equals_emulated_up_to_accumulation_order(name):
   dy = jax.random.normal(kd, (256, 384), jnp.bfloat16)
   # Each GEMM on the same quantized operands: f32 results equal up to the order of the f32 sum.
   for (a, role_a), (b, role_b) in [((x, "x"), (w.T, "w")), ((dy, "dy"), (w, "w_t")), ((x.T, "x_t"), (dy.T, "dy_t"))]:
-    got = xla_backend.gemm(xla_backend.quantize_for_gemm(a, recipe, role_a, ks),
-                           xla_backend.quantize_for_gemm(b, recipe, role_b, ks), recipe)
-    want = emulated.gemm(emulated.quantize_for_gemm(a, recipe, role_a, ks),
-                         emulated.quantize_for_gemm(b, recipe, role_b, ks), recipe)
+    got = xla_backend.gemm(
+      xla_backend.quantize_for_gemm(a, recipe, role_a, ks), xla_backend.quantize_for_gemm(b, recipe, role_b, ks), recipe
+    )
+    want = emulated.gemm(
+      emulated.quantize_for_gemm(a, recipe, role_a, ks), emulated.quantize_for_gemm(b, recipe, role_b, ks), recipe
+    )
     assert np.abs(np.asarray(got) - np.asarray(want)).max() <= 1e-5 * np.abs(np.asarray(want)).max(), role_a
 
   # The quantized matmul and its gradients: at most one bf16 rounding apart (XLA on a GPU may keep the
@@ -95,21 +107,28 @@ def test_xla_equals_emulated_up_to_accumulation_order(name):
   def run(backend):
     y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=ks, backend=backend), x, w)
     return (y, *vjp(dy))
+
   for got, want in zip(run(backends.Choice.XLA), run(backends.Choice.EMULATE)):
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
     assert np.all(np.abs(got - want) <= 2**-7 * np.abs(want) + 1e-6 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("options, per_dense", [(["nvfp4_4over6=all"], 3),
-                                                (["nvfp4_backward_override=high_precision"], 1),
-                                                (["nvfp4_backward_override=dequantized", "nvfp4_4over6=weights"], 1)])
+@pytest.mark.parametrize(
+  "options, per_dense",
+  [
+    (["nvfp4_4over6=all"], 3),
+    (["nvfp4_backward_override=high_precision"], 1),
+    (["nvfp4_backward_override=dequantized", "nvfp4_4over6=weights"], 1),
+  ],
+)
 def test_nvfp4_options_lowered_for_cuda(as_if_on_a_gpu, options, per_dense):
   """4/6 keeps every GEMM block-scaled; a backward_override leaves only fprop's, and dgrad and wgrad become bf16 x bf16
   dots (the HLO's dot FLOPs: all but the MLP forward, whose GEMMs are the block-scaled custom calls)."""
   cfg = _cfg("quantization=te_nvfp4", "quantization_backend=xla", *options)
   step, args = _step_and_args(cfg)
-  exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
-      jax.export.DisabledSafetyCheck.custom_call("__op$block_scaled_dot")])(*args)
+  exported = jax.export.export(
+    step, platforms=["cuda"], disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__op$block_scaled_dot")]
+  )(*args)
   assert len(_block_scaled_dots(exported.mlir_module())) == per_dense * 3 * cfg.base_num_decoder_layers
   by_dtype = hlo_dots.dot_flops_by_dtype(exported.mlir_module())
   flops = accounting.training_flops_per_device(cfg)

@@ -54,7 +54,7 @@ def _errors(q, block_scale, x, amax, mode):
 def _tile_sums(errors):
   rows = errors.reshape(-1, 16, errors.shape[1])
   for half in (8, 4, 2, 1):
-    rows = rows[:, :half] + rows[:, half:2 * half]
+    rows = rows[:, :half] + rows[:, half : 2 * half]
   return np.repeat(rows[:, 0], 16, axis=0)
 
 

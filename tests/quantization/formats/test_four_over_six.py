@@ -33,28 +33,33 @@ def _tiles(blocks):
 # An amax-6 tensor (S_enc = 256, block scales exact): scaled values land where the blocks put them.
 MIDPOINTS = np.float32([6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5, 0])
 ADVERSARIAL = {
-    "amax_6": _tiles([
-        MIDPOINTS,                                              # E2M1 midpoints of the map-to-6 candidate
-        MIDPOINTS * np.float32(2 / 3),                          # ... scaled for the map-to-4 candidate
-        np.full(16, 3.0),                                       # all equal: both candidates exact (a tie)
-        np.zeros(16),                                           # zeros (a tie)
-        np.r_[6.0, np.full(15, 0.01)],                          # one outlier
-        np.linspace(-2e-4, 2e-4, 16),                           # E4M3-subnormal block scale
-        np.linspace(-1e-6, 1e-6, 16),                           # block scale rounds to 0
-    ]),
-    "extreme": _tiles([
-        np.r_[3e38, np.full(15, 1e37)],                         # the error's RN(q * scale * amax) overflows
-        np.r_[1.2e36, np.zeros(15)],                            # ... only in TE's q * scale * amax for q = 4
-        np.r_[1000.0, np.full(15, 1e-3)],
-        np.full(16, -2.0),
-    ]),
-    "inf": _tiles([np.r_[np.inf, np.full(15, 2.0)], np.full(16, 0.5)]),  # amax inf: S_enc = 1
+  "amax_6": _tiles(
+    [
+      MIDPOINTS,  # E2M1 midpoints of the map-to-6 candidate
+      MIDPOINTS * np.float32(2 / 3),  # ... scaled for the map-to-4 candidate
+      np.full(16, 3.0),  # all equal: both candidates exact (a tie)
+      np.zeros(16),  # zeros (a tie)
+      np.r_[6.0, np.full(15, 0.01)],  # one outlier
+      np.linspace(-2e-4, 2e-4, 16),  # E4M3-subnormal block scale
+      np.linspace(-1e-6, 1e-6, 16),  # block scale rounds to 0
+    ]
+  ),
+  "extreme": _tiles(
+    [
+      np.r_[3e38, np.full(15, 1e37)],  # the error's RN(q * scale * amax) overflows
+      np.r_[1.2e36, np.zeros(15)],  # ... only in TE's q * scale * amax for q = 4
+      np.r_[1000.0, np.full(15, 1e-3)],
+      np.full(16, -2.0),
+    ]
+  ),
+  "inf": _tiles([np.r_[np.inf, np.full(15, 2.0)], np.full(16, 0.5)]),  # amax inf: S_enc = 1
 }
 
 
 def _assert_matches_reference(x, mode, tile, sr=False, rht=False, key=jax.random.key(0)):
-  q = nvfp4.quantize(jnp.asarray(x), tile=tile, rht=rht, stochastic_rounding=sr, key=key if sr else None,
-                     four_over_six=mode)
+  q = nvfp4.quantize(
+    jnp.asarray(x), tile=tile, rht=rht, stochastic_rounding=sr, key=key if sr else None, four_over_six=mode
+  )
   x_in = _f32(nvfp4.hadamard16(jnp.asarray(x, jnp.bfloat16))) if rht else x
   u = np.asarray(grids.uniform16(key, x.shape)) if sr else None
   values, scales, amax, use_4 = ref.quantize(x_in, mode, tile, u)
@@ -91,8 +96,12 @@ def test_bit_exact_on_adversarial_blocks(tile, mode):
 
 def test_same_bits_with_gpu_like_division():
   x = jnp.asarray(_random(4, (32, 64)), jnp.bfloat16)
-  run = jax.jit(lambda x, key: [nvfp4.quantize(x, tile=t, rht=r, stochastic_rounding=s, key=key, four_over_six=m)
-                                for t, r, s, m in (((1, 16), True, True, "mse"), ((16, 16), False, False, "mae"))])
+  run = jax.jit(
+    lambda x, key: [
+      nvfp4.quantize(x, tile=t, rht=r, stochastic_rounding=s, key=key, four_over_six=m)
+      for t, r, s, m in (((1, 16), True, True, "mse"), ((16, 16), False, False, "mae"))
+    ]
+  )
   ieee = run(x, jax.random.key(5))
   with gpu_like_division():
     gpu = run(x, jax.random.key(5))

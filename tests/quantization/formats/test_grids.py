@@ -14,7 +14,7 @@ from tests.quantization.gpu_division import gpu_like_division
 
 def _random_f32(rng, n):
   """Uniform over all f32 bit patterns: every binade, subnormals, infs and NaNs."""
-  return rng.integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+  return rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
 
 
 def _same_bits(got, want):
@@ -25,8 +25,26 @@ def _same_bits(got, want):
 def test_div_rn_is_ieee_division_bit_for_bit():
   rng = np.random.default_rng(0)
   n = 200_000
-  specials = np.array([0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -3e-42, 1.1754942e-38, 1.1754944e-38,
-                       grids.FLT_MAX, 1, 6, 448, 2688, 3.0], np.float32)
+  specials = np.array(
+    [
+      0,
+      -0.0,
+      np.inf,
+      -np.inf,
+      np.nan,
+      1e-45,
+      -3e-42,
+      1.1754942e-38,
+      1.1754944e-38,
+      grids.FLT_MAX,
+      1,
+      6,
+      448,
+      2688,
+      3.0,
+    ],
+    np.float32,
+  )
   sa, sb = (s.ravel() for s in np.meshgrid(specials, specials))
   typical = (rng.standard_normal((2, n)) * rng.lognormal(0, 8, (2, n))).astype(np.float32)
   a = np.concatenate([_random_f32(rng, n), typical[0], sa, np.full(n, 2688, np.float32)])
@@ -55,9 +73,8 @@ def test_round_to_bf16_exp2i_and_exponents_from_bits():
   assert np.all(_same_bits(np.asarray(grids.round_to_bf16(x)).astype(np.float32), want))
   e = np.arange(-149, 128)
   np.testing.assert_array_equal(grids.exp2i(e), np.ldexp(np.float32(1), e).astype(np.float32))
-  np.testing.assert_array_equal(grids.exponent_field(np.float32([1, 1.5, 2, 6, 448, 1e-38])),
-                                [0, 0, 1, 2, 8, -127])
-  ratios = np.float32([0, 1, 0.75, 2 ** -127, 2 ** -126, 1.5 * 2 ** -127, 2 ** 126, np.inf])
+  np.testing.assert_array_equal(grids.exponent_field(np.float32([1, 1.5, 2, 6, 448, 1e-38])), [0, 0, 1, 2, 8, -127])
+  ratios = np.float32([0, 1, 0.75, 2**-127, 2**-126, 1.5 * 2**-127, 2**126, np.inf])
   np.testing.assert_array_equal(grids.e8m0_exponent_at_least(ratios), [0, 0, 0, -127, -126, -126, 126, 0])
 
 

@@ -51,8 +51,9 @@ def test_2d_tiles_give_identical_forward_and_transposed_numbers():
   bwd = nvfp4.dequantize(nvfp4.quantize(w.T, tile=(16, 16)))
   np.testing.assert_array_equal(np.asarray(fwd), np.asarray(bwd).T)
   # 1x16 blocks differ between the two views (the reason for 2D weight tiles).
-  assert not np.array_equal(np.asarray(nvfp4.dequantize(nvfp4.quantize(w))),
-                            np.asarray(nvfp4.dequantize(nvfp4.quantize(w.T))).T)
+  assert not np.array_equal(
+    np.asarray(nvfp4.dequantize(nvfp4.quantize(w))), np.asarray(nvfp4.dequantize(nvfp4.quantize(w.T))).T
+  )
 
 
 def test_rht_is_orthonormal_and_reduces_outlier_blocks():
@@ -106,8 +107,7 @@ def test_bad_shapes_are_clear_errors():
 
 def test_stochastic_rounding_is_unbiased_and_neighbour_only():
   # One block whose amax (6.0) pins encode scale to exactly 1, so scaled values are the inputs.
-  row = np.array([6.0, 0.1, 0.7, 1.2, 1.8, 2.2, 2.6, 3.3, 3.9, 4.4, 5.1, 5.7, -0.3, -2.9, -4.9, 0.0],
-                 np.float32)
+  row = np.array([6.0, 0.1, 0.7, 1.2, 1.8, 2.2, 2.6, 3.3, 3.9, 4.4, 5.1, 5.7, -0.3, -2.9, -4.9, 0.0], np.float32)
   n = 4000
   x = jnp.asarray(np.tile(row, (n, 1)))
   q = nvfp4.quantize(x, stochastic_rounding=True, key=jax.random.key(42))

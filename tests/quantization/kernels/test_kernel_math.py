@@ -12,9 +12,9 @@ from tests.quantization.formats.test_grids import _random_f32, _same_bits
 def _values(n=100_000):
   rng = np.random.default_rng(0)
   typical = (rng.standard_normal(n) * rng.lognormal(0, 4, n)).astype(np.float32)
-  ties = np.float32([0.25, 0.75, 1.25, 2.5, 3.5, 5, -0.25, 6.5, 0.5 + 2 ** -23, 448, 464, 480, 57344, 61440])
+  ties = np.float32([0.25, 0.75, 1.25, 2.5, 3.5, 5, -0.25, 6.5, 0.5 + 2**-23, 448, 464, 480, 57344, 61440])
   specials = np.float32([0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1e-45, 1.1754944e-38, grids.FLT_MAX])
-  return np.concatenate([_random_f32(rng, n), typical, ties, ties * 2.0 ** -9, specials])
+  return np.concatenate([_random_f32(rng, n), typical, ties, ties * 2.0**-9, specials])
 
 
 def test_rounding_min_max_and_fp8_codes():
@@ -28,10 +28,10 @@ def test_rounding_min_max_and_fp8_codes():
       want = jax.lax.bitcast_convert_type(q.astype(grid.dtype), jnp.uint8)
       np.testing.assert_array_equal(jax.jit(km.fp8_bits, static_argnums=1)(q, grid), want)
   v = np.abs(x[np.isfinite(x)])
-  v = v[v < 2 ** 22]
+  v = v[v < 2**22]
   np.testing.assert_array_equal(jax.jit(km.round_half_even)(v), np.round(v))
   normal = x[~((x != 0) & (np.abs(x) < 1.1754944e-38))]  # XLA:CPU flushes subnormals in float min/max
-  a, b = normal[: len(normal) // 2], normal[len(normal) // 2: 2 * (len(normal) // 2)]
+  a, b = normal[: len(normal) // 2], normal[len(normal) // 2 : 2 * (len(normal) // 2)]
   assert np.all(_same_bits(km.minimum(a, b), jnp.minimum(a, b)))
   assert np.all(_same_bits(km.maximum(a, b), jnp.maximum(a, b)))
   assert np.isnan(float(grids.f32_from_bits(km.amax_bits(jnp.float32([1.0, np.nan, np.inf])))))

@@ -30,23 +30,31 @@ def triton_kernels(module_text):
   """Counter of kernel names over every Triton custom call the module runs (a call inside a function counts once
   per call of that function)."""
   functions = re.split(r"\n(?=\s*func\.func )", module_text)
-  body = {re.search(r"func\.func (?:public |private )?@([\w$.-]+)", f).group(1): f
-          for f in functions if re.search(r"func\.func (?:public |private )?@", f)}
+  body = {
+    re.search(r"func\.func (?:public |private )?@([\w$.-]+)", f).group(1): f
+    for f in functions
+    if re.search(r"func\.func (?:public |private )?@", f)
+  }
 
   def runs(name, depth=0):
     text = body[name]
-    own = collections.Counter(re.search(r'name = "(\w+)"', line).group(1)
-                              for line in text.splitlines() if f"stablehlo.custom_call @{TRITON}" in line)
+    own = collections.Counter(
+      re.search(r'name = "(\w+)"', line).group(1)
+      for line in text.splitlines()
+      if f"stablehlo.custom_call @{TRITON}" in line
+    )
     for callee in re.findall(r"call @([\w$.-]+)\(", text):
       if callee in body and depth < 50:
         own += runs(callee, depth + 1)
     return own
+
   return runs("main")
 
 
 def _export(fn, *args):
-  exported = jax.export.export(jax.jit(fn), platforms=["cuda"],
-                               disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(TRITON)])(*args)
+  exported = jax.export.export(
+    jax.jit(fn), platforms=["cuda"], disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(TRITON)]
+  )(*args)
   return triton_kernels(exported.mlir_module())
 
 
@@ -61,8 +69,12 @@ def _dense_fwd_bwd(name):
       matmul = lambda x, w: qmatmul(x, w, recipe, key=key, kernels=Kernels.PALLAS, backend=backends.Choice.EMULATE)
     y, vjp = jax.vjp(matmul, x, w)
     return (y, *vjp(dy))
-  shapes = (jax.ShapeDtypeStruct((M, K), jnp.bfloat16), jax.ShapeDtypeStruct((K, N), jnp.float32),
-            jax.ShapeDtypeStruct((M, N), jnp.bfloat16))
+
+  shapes = (
+    jax.ShapeDtypeStruct((M, K), jnp.bfloat16),
+    jax.ShapeDtypeStruct((K, N), jnp.float32),
+    jax.ShapeDtypeStruct((M, N), jnp.bfloat16),
+  )
   return _export(fwd_bwd, *shapes, jax.random.key(0))
 
 
@@ -71,13 +83,20 @@ P = pallas_quantize.KERNEL_PREFIX
 # a quantize pass; FP8 current scaling x, w, dy (shared by their transposed roles) the same; delayed scaling only
 # the cast; MX one pass for each of the six operands.
 EXPECTED = {
-    "te_nvfp4": {P + "amax": 3, P + "amax_rht": 2, P + "nvfp4": 1, P + "nvfp4_16x16": 1, P + "nvfp4_sr": 1,
-                 P + "nvfp4_rht": 1, P + "nvfp4_rht_sr": 1},
-    "te_nvfp4_no_rht": {P + "amax": 5, P + "nvfp4": 2, P + "nvfp4_16x16": 1, P + "nvfp4_sr": 2},
-    "te_fp8_currentscaling": {P + "amax": 3, P + "fp8_e4m3": 2, P + "fp8_e5m2": 1},
-    "te_fp8_delayedscaling": {P + "fp8_e4m3": 2, P + "fp8_e5m2": 1},
-    "te_mxfp8": {P + "mx_e4m3": 6},
-    "mxfp4": {P + "mx_e2m1": 6},
+  "te_nvfp4": {
+    P + "amax": 3,
+    P + "amax_rht": 2,
+    P + "nvfp4": 1,
+    P + "nvfp4_16x16": 1,
+    P + "nvfp4_sr": 1,
+    P + "nvfp4_rht": 1,
+    P + "nvfp4_rht_sr": 1,
+  },
+  "te_nvfp4_no_rht": {P + "amax": 5, P + "nvfp4": 2, P + "nvfp4_16x16": 1, P + "nvfp4_sr": 2},
+  "te_fp8_currentscaling": {P + "amax": 3, P + "fp8_e4m3": 2, P + "fp8_e5m2": 1},
+  "te_fp8_delayedscaling": {P + "fp8_e4m3": 2, P + "fp8_e5m2": 1},
+  "te_mxfp8": {P + "mx_e4m3": 6},
+  "mxfp4": {P + "mx_e2m1": 6},
 }
 
 
@@ -103,6 +122,7 @@ def test_every_kernel_compiles_to_a_cubin_with_triton(tmp_path):
   if not triton_python:
     pytest.skip("set TRITON_PYTHON to a Python with `pip install triton` to compile the kernels")
   from tests.quantization import triton_compile_check  # pylint: disable=import-outside-toplevel
+
   names = triton_compile_check.dump_ttir(tmp_path)
   assert set(names) == {k for counts in EXPECTED.values() for k in counts}
   results = triton_compile_check.compile_all(triton_python, tmp_path, [90, 100])

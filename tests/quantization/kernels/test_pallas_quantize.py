@@ -20,11 +20,22 @@ from tests.quantization.gpu_division import gpu_like_division
 
 M, K, N = 32, 64, 64  # x [M, K], w [K, N], dy [M, N]: every operand axis a multiple of 32 (MX blocks)
 # (operand, transposed) per role, as qdot hands them to quantize_for_gemm
-ROLE_INPUTS = {"x": ("x", False), "w": ("w", True), "dy": ("dy", False), "w_t": ("w", False),
-               "x_t": ("x", True), "dy_t": ("dy", True)}
-TRAINER_ROLES = {"te_nvfp4": tuple(ROLE_INPUTS), "te_nvfp4_no_rht": tuple(ROLE_INPUTS),
-                 "te_fp8_currentscaling": ("x", "w", "dy"), "te_fp8_delayedscaling": ("x", "w", "dy"),
-                 "te_mxfp8": tuple(ROLE_INPUTS), "mxfp4": tuple(ROLE_INPUTS)}
+ROLE_INPUTS = {
+  "x": ("x", False),
+  "w": ("w", True),
+  "dy": ("dy", False),
+  "w_t": ("w", False),
+  "x_t": ("x", True),
+  "dy_t": ("dy", True),
+}
+TRAINER_ROLES = {
+  "te_nvfp4": tuple(ROLE_INPUTS),
+  "te_nvfp4_no_rht": tuple(ROLE_INPUTS),
+  "te_fp8_currentscaling": ("x", "w", "dy"),
+  "te_fp8_delayedscaling": ("x", "w", "dy"),
+  "te_mxfp8": tuple(ROLE_INPUTS),
+  "mxfp4": tuple(ROLE_INPUTS),
+}
 E2M1_MIDPOINTS = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
 
 
@@ -32,8 +43,9 @@ def same_bits(got, want):
   """Equal bits (as f32: every quantized dtype converts exactly), NaN equal to NaN."""
   got = np.asarray(jnp.asarray(got).astype(jnp.float32))
   want = np.asarray(jnp.asarray(want).astype(jnp.float32))
-  return got.shape == want.shape and bool(np.all((got.view(np.uint32) == want.view(np.uint32))
-                                                 | (np.isnan(got) & np.isnan(want))))
+  return got.shape == want.shape and bool(
+    np.all((got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want)))
+  )
 
 
 def _lognormal(key, shape):
@@ -56,14 +68,14 @@ def adversarial_operands(shape, seed=0):
   """{kind: f32 array}: what the kernels must get exactly right beyond random data."""
   rand = _lognormal(jax.random.key(seed), shape)
   return {
-      "random": rand,
-      "midpoints": _midpoints(shape),
-      "zeros": jnp.zeros(shape),
-      "tiny": rand * 1e-30,
-      "huge": rand / jnp.max(jnp.abs(rand)) * 3e38,
-      "inf": rand.at[1, 3].set(jnp.inf).at[2, 40].set(-jnp.inf),
-      "nan": rand.at[3, 5].set(jnp.nan),
-      "zero_blocks": rand.at[:, 16:48].set(0.0).at[4:8].set(-0.0),
+    "random": rand,
+    "midpoints": _midpoints(shape),
+    "zeros": jnp.zeros(shape),
+    "tiny": rand * 1e-30,
+    "huge": rand / jnp.max(jnp.abs(rand)) * 3e38,
+    "inf": rand.at[1, 3].set(jnp.inf).at[2, 40].set(-jnp.inf),
+    "nan": rand.at[3, 5].set(jnp.nan),
+    "zero_blocks": rand.at[:, 16:48].set(0.0).at[4:8].set(-0.0),
   }
 
 
@@ -77,9 +89,11 @@ def _quantize_roles(name, roles, kernels):
     for role in roles:
       operand, transpose = ROLE_INPUTS[role]
       scale = scales[("x", "w", "dy").index(operand)] if recipe.stateful else None
-      out[role] = emulated.quantize_for_gemm(arrays(x, w, dy)[operand], recipe, role, key, scale,
-                                             kernels=kernels, transpose=transpose)
+      out[role] = emulated.quantize_for_gemm(
+        arrays(x, w, dy)[operand], recipe, role, key, scale, kernels=kernels, transpose=transpose
+      )
     return out
+
   return jax.jit(run)
 
 
@@ -136,13 +150,22 @@ def test_ragged_operands_pad_as_the_xla_path_does():
   """Last axis (and, for 16x16 tiles, first axis) not a multiple of 16; odd rows with SR run the XLA path."""
   x = _lognormal(jax.random.key(2), (24, 40)).astype(jnp.bfloat16)
   odd = _lognormal(jax.random.key(3), (5, 48)).astype(jnp.bfloat16)
-  cases = [("te_nvfp4", "x", "x", False), ("te_nvfp4", "w", "x", True), ("te_nvfp4", "w_t", "x", False),
-           ("te_nvfp4", "dy", "x", False), ("te_nvfp4", "dy", "odd", False), ("te_fp8_currentscaling", "w", "x", True)]
+  cases = [
+    ("te_nvfp4", "x", "x", False),
+    ("te_nvfp4", "w", "x", True),
+    ("te_nvfp4", "w_t", "x", False),
+    ("te_nvfp4", "dy", "x", False),
+    ("te_nvfp4", "dy", "odd", False),
+    ("te_fp8_currentscaling", "w", "x", True),
+  ]
 
   def run(kernels, x, odd, key):
     arrays = {"x": x, "odd": odd}
-    return [emulated.quantize_for_gemm(arrays[a], get_recipe(n), role, key, kernels=kernels, transpose=t)
-            for n, role, a, t in cases]
+    return [
+      emulated.quantize_for_gemm(arrays[a], get_recipe(n), role, key, kernels=kernels, transpose=t)
+      for n, role, a, t in cases
+    ]
+
   got = jax.jit(lambda *a: run(Kernels.INTERPRET, *a))(x, odd, jax.random.key(4))
   want = jax.jit(lambda *a: run(Kernels.XLA, *a))(x, odd, jax.random.key(4))
   for case, g, w in zip(cases, got, want):
@@ -161,8 +184,9 @@ def test_golden_te_cases_through_the_kernels(case, division):
   with division():
     for side in ("row", "col"):
       rht = meta["rht"] and side == "col"
-      block_scaled, amax = jax.jit(lambda x: pallas_quantize.nvfp4_block_scaled(
-          x, tile=tile, rht=rht, transpose=side == "col", interpret=True))(jnp.asarray(d["x"]))
+      block_scaled, amax = jax.jit(
+        lambda x: pallas_quantize.nvfp4_block_scaled(x, tile=tile, rht=rht, transpose=side == "col", interpret=True)
+      )(jnp.asarray(d["x"]))
       scales = np.repeat(d[f"{side}_scales"], nvfp4.BLOCK, axis=1)
       np.testing.assert_array_equal(np.asarray(block_scaled.astype(jnp.float32)), d[f"{side}_values"] * scales)
       assert float(amax) == float(d[f"{side}_amax"])
@@ -180,6 +204,7 @@ def test_golden_linear_through_the_kernels_equals_the_xla_path(case):
   def run(kernels, x, w, dy):
     y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, kernels=kernels), x, w)
     return (y, *vjp(dy))
+
   args = (jnp.asarray(d["x"], jnp.bfloat16), jnp.asarray(d["w"]), jnp.asarray(d["dy"], jnp.bfloat16))
   got = jax.jit(lambda *a: run(Kernels.INTERPRET, *a))(*args)
   want = jax.jit(lambda *a: run(Kernels.XLA, *a))(*args)
@@ -200,6 +225,7 @@ def test_a_quantized_dense_is_the_same_with_kernels_and_xla():
   def run(kernels, x, w, dy, key):
     y, vjp = jax.vjp(lambda x, w: qmatmul(x, w, recipe, key=key, kernels=kernels), x, w)
     return (y, *vjp(dy))
+
   got = jax.jit(lambda *a: run(Kernels.INTERPRET, *a))(x, w, dy, jax.random.key(8))
   want = jax.jit(lambda *a: run(Kernels.XLA, *a))(x, w, dy, jax.random.key(8))
   for g, w_ in zip(got, want):
@@ -216,6 +242,7 @@ def test_delayed_scaling_takes_the_kernel_path_too():
   def run(kernels, x, w, dy, h):
     y, vjp = jax.vjp(lambda x, w, h: delayed.qmatmul_delayed(x, w, recipe, h, kernels), x, w, h)
     return (y, *vjp(dy))
+
   got = jax.jit(lambda *a: run(Kernels.INTERPRET, *a))(x, w, dy, history)
   want = jax.jit(lambda *a: run(Kernels.XLA, *a))(x, w, dy, history)
   for g, w_ in zip(got, want):

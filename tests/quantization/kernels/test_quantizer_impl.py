@@ -38,12 +38,15 @@ def test_pallas_where_it_cannot_run_is_one_line(capsys):
   base = [str(REPO / "configs" / "llama3_tiny.yml"), *SMALL, "quantization=te_nvfp4", "dry_run=true"]
   assert train.main(base + ["quantization_kernels=pallas"]) == 2
   err = capsys.readouterr().err
-  assert err.strip() == ("error: quantization_kernels=pallas: the Pallas Triton quantization kernels run on NVIDIA "
-                         f"GPUs only, not on {jax.default_backend()}; use quantization_kernels=auto or xla")
+  assert err.strip() == (
+    "error: quantization_kernels=pallas: the Pallas Triton quantization kernels run on NVIDIA "
+    f"GPUs only, not on {jax.default_backend()}; use quantization_kernels=auto or xla"
+  )
 
 
 def test_the_plan_shows_who_quantizes():
   from tests.trainer.test_train_step import _cfg  # pylint: disable=import-outside-toplevel
+
   cfg = _cfg("quantization=te_nvfp4", "quantization_kernels=xla")
   text = precision.format_plan(precision.plan_from_config(cfg), cfg, accounting.gemm_flops(cfg))
   assert "gate                       0-1      te_nvfp4                 emulated  xla" in text

@@ -18,8 +18,9 @@ def test_words_are_jax_random_bits():
   key = jax.random.key(9)
   want = jax.random.bits(key, (100_000,), jnp.uint32)
   idx = np.array([0, 1, 65_535, 65_536, 99_999], np.uint32)
-  np.testing.assert_array_equal(threefry.random_bits_word(*threefry.key_words(key), jnp.asarray(idx)),
-                                np.asarray(want)[idx])
+  np.testing.assert_array_equal(
+    threefry.random_bits_word(*threefry.key_words(key), jnp.asarray(idx)), np.asarray(want)[idx]
+  )
 
 
 def test_reproducible_only_for_partitionable_threefry_keys():

@@ -46,6 +46,7 @@ def dump_ttir(out_dir, shapes=(256, 512, 384)):
   from MaxText.quantization import backends, get_recipe, qmatmul  # pylint: disable=import-outside-toplevel
   from MaxText.quantization.kernels import quantizer_impl  # pylint: disable=import-outside-toplevel
   from MaxText.quantization.kernels.quantizer_impl import Kernels  # pylint: disable=import-outside-toplevel
+
   lower = registration.lowering.lower_jaxpr_to_triton_module
   seen = {}
 
@@ -54,6 +55,7 @@ def dump_ttir(out_dir, shapes=(256, 512, 384)):
     text = result.module.operation.get_asm(enable_debug_info=False)
     seen.setdefault(re.search(r"tt\.func (?:public )?@(\w+)", text).group(1), text)
     return result
+
   m, k, n = shapes
   real_reason = quantizer_impl.unavailable_reason
   registration.lowering.lower_jaxpr_to_triton_module = capture
@@ -66,10 +68,17 @@ def dump_ttir(out_dir, shapes=(256, 512, 384)):
         matmul = lambda x, w: qmatmul(x, w, recipe, key=key, kernels=Kernels.PALLAS, backend=backends.Choice.EMULATE)
         y, vjp = jax.vjp(matmul, x, w)
         return (y, *vjp(dy))
-      jax.export.export(jax.jit(fwd_bwd), platforms=["cuda"], disabled_checks=[
-          jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
-              jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, n), jnp.float32),
-              jax.ShapeDtypeStruct((m, n), jnp.bfloat16), jax.random.key(0))
+
+      jax.export.export(
+        jax.jit(fwd_bwd),
+        platforms=["cuda"],
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+      )(
+        jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        jax.ShapeDtypeStruct((k, n), jnp.float32),
+        jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        jax.random.key(0),
+      )
   finally:
     registration.lowering.lower_jaxpr_to_triton_module = lower
     quantizer_impl.unavailable_reason = real_reason
@@ -80,14 +89,19 @@ def dump_ttir(out_dir, shapes=(256, 512, 384)):
 
 def _ptxas_usage(triton_python, ptx_path, arch):
   """'N registers, M bytes spilled' from the ptxas that ships with triton, or '' if it can't say."""
-  find = subprocess.run([triton_python, "-c", "import triton, os; print(os.path.dirname(triton.__file__))"],
-                        capture_output=True, text=True, check=False)
+  find = subprocess.run(
+    [triton_python, "-c", "import triton, os; print(os.path.dirname(triton.__file__))"],
+    capture_output=True,
+    text=True,
+    check=False,
+  )
   bin_dir = pathlib.Path(find.stdout.strip()) / "backends" / "nvidia" / "bin"
   for ptxas in (bin_dir / "ptxas-blackwell", bin_dir / "ptxas"):
     if not ptxas.exists():
       continue
-    run = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", ptx_path, "-o", "/dev/null"],
-                         capture_output=True, text=True, check=False)
+    run = subprocess.run(
+      [str(ptxas), f"-arch=sm_{arch}a", "-v", ptx_path, "-o", "/dev/null"], capture_output=True, text=True, check=False
+    )
     regs = re.search(r"Used (\d+) registers", run.stderr)
     spills = re.search(r"(\d+) bytes spill stores", run.stderr)
     if regs:
@@ -97,8 +111,12 @@ def _ptxas_usage(triton_python, ptx_path, arch):
 
 def compile_all(triton_python, out_dir, archs):
   """{'<kernel> sm<arch>': {ok, cubin_bytes | error, usage}} for every dumped kernel."""
-  run = subprocess.run([triton_python, "-c", _COMPILE, str(out_dir), ",".join(map(str, archs))],
-                       capture_output=True, text=True, check=False)
+  run = subprocess.run(
+    [triton_python, "-c", _COMPILE, str(out_dir), ",".join(map(str, archs))],
+    capture_output=True,
+    text=True,
+    check=False,
+  )
   if run.returncode:
     raise RuntimeError(f"{triton_python} could not run triton: {run.stderr.strip().splitlines()[-1:]}")
   results = json.loads(run.stdout.strip().splitlines()[-1])

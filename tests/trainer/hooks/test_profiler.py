@@ -61,10 +61,17 @@ ENTRY %main (a: bf16[128,64], b: bf16[64,32], x8: f8e4m3fn[128,64], w8: f8e4m3fn
 
 def test_gpu_ops_are_classified_by_what_they_compute():
   instructions, computations = profiling.parse_hlo(GPU_HLO)
-  expected = {"custom-call.12": "gemm bf16", "cublas-lt-matmul.3": "gemm f8", "gemm_fusion_dot.7": "gemm bf16",
-              "gemm_fusion_dot.9": "gemm bf16", "custom-call.5": "attention", "all-reduce-start.1": "collective",
-              "transpose_fusion": "copy/transpose", "loop_convert_fusion": "quantization/elementwise",
-              "while.4": "container"}
+  expected = {
+    "custom-call.12": "gemm bf16",
+    "cublas-lt-matmul.3": "gemm f8",
+    "gemm_fusion_dot.7": "gemm bf16",
+    "gemm_fusion_dot.9": "gemm bf16",
+    "custom-call.5": "attention",
+    "all-reduce-start.1": "collective",
+    "transpose_fusion": "copy/transpose",
+    "loop_convert_fusion": "quantization/elementwise",
+    "while.4": "container",
+  }
   assert {op: profiling.classify(op, instructions, computations) for op in expected} == expected
   assert profiling.classify("not-an-op", instructions, computations) is None
   assert instructions["gemm_fusion_dot.9"][3] == "__triton_nested_gemm_fusion"
@@ -75,18 +82,24 @@ def test_triton_gemm_kernels_without_an_hlo_op_are_found_by_name():
   gives no hlo_op we know, the name leads to the op and its operand dtypes, not to a bare 'gemm'."""
   instructions, computations = profiling.parse_hlo(GPU_HLO)
   names = profiling.kernel_names(instructions)
-  for kernel, op in (("gemm_fusion_dot_7", "gemm_fusion_dot.7"), ("gemm_fusion_dot_9_0", "gemm_fusion_dot.9"),
-                     ("loop_convert_fusion_1", "loop_convert_fusion"), ("sm90_xmma_gemm_bf16", None)):
+  for kernel, op in (
+    ("gemm_fusion_dot_7", "gemm_fusion_dot.7"),
+    ("gemm_fusion_dot_9_0", "gemm_fusion_dot.9"),
+    ("loop_convert_fusion_1", "loop_convert_fusion"),
+    ("sm90_xmma_gemm_bf16", None),
+  ):
     assert profiling.kernel_op(kernel, names) == op
-  assert profiling.classify(profiling.kernel_op("gemm_fusion_dot_9_0", names), instructions,
-                            computations) == "gemm bf16"
+  assert (
+    profiling.classify(profiling.kernel_op("gemm_fusion_dot_9_0", names), instructions, computations) == "gemm bf16"
+  )
 
 
 def test_attention_tflops_from_the_attention_kernels_time():
-  summary = {"categories": [{"category": "gemm bf16", "ms_per_step": 50.0},
-                            {"category": "attention", "ms_per_step": 29.2}]}
+  summary = {
+    "categories": [{"category": "gemm bf16", "ms_per_step": 50.0}, {"category": "attention", "ms_per_step": 29.2}]
+  }
   # 4 layers of the 8B bench shape: 3 x 4 x (4 x B S^2 x H Dh / 2) = 13.2 TFLOP per step.
-  flops = 3 * 4 * 4 * 2 * 8192 ** 2 * 32 * 128 / 2
+  flops = 3 * 4 * 4 * 2 * 8192**2 * 32 * 128 / 2
   assert profiling.attention_tflops(summary, flops) == pytest.approx(flops / 29.2e-3 / 1e12)
   assert round(profiling.attention_tflops(summary, flops)) == 452
   assert profiling.attention_tflops({"categories": summary["categories"][:1]}, flops) is None
@@ -99,6 +112,7 @@ def _profiled_run(tmp_path, steps, *keys, stop_after=None):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from MaxText import config  # pylint: disable=import-outside-toplevel
   from tests.conftest import REPO  # pylint: disable=import-outside-toplevel
+
   cfg = config.load(REPO / "configs" / "llama3_tiny.yml", ["dataset_type=synthetic", f"steps={steps}", *keys])
   profiler = profiling.Profiler(cfg, str(tmp_path))
   step_fn, x = jax.jit(lambda a: jnp.tanh(a @ a)), jnp.ones((64, 64), jnp.float32)
@@ -112,24 +126,26 @@ def _profiled_run(tmp_path, steps, *keys, stop_after=None):
 
 
 def test_a_window_past_the_last_step_is_summarised_at_the_last_step(tmp_path):
-  _, summaries = _profiled_run(tmp_path, 3, "profiler=xplane", "skip_first_n_steps_for_profiler=1",
-                               "profiler_steps=5")
+  _, summaries = _profiled_run(tmp_path, 3, "profiler=xplane", "skip_first_n_steps_for_profiler=1", "profiler_steps=5")
   assert summaries[:2] == [None, None] and summaries[2]["steps"] == [1, 2]
   assert summaries[2]["device_ms_per_step"] > 0
   assert json.loads((tmp_path / "profile_summary.json").read_text())["steps"] == [1, 2]
 
 
 def test_a_run_stopped_inside_the_window_still_writes_its_summary(tmp_path):
-  _, summaries = _profiled_run(tmp_path, 10, "profiler=xplane", "skip_first_n_steps_for_profiler=1",
-                               "profiler_steps=5", stop_after=2)
+  _, summaries = _profiled_run(
+    tmp_path, 10, "profiler=xplane", "skip_first_n_steps_for_profiler=1", "profiler_steps=5", stop_after=2
+  )
   assert summaries == [None, None, None]
   assert json.loads((tmp_path / "profile_summary.json").read_text())["steps"] == [1, 2]
 
 
 def test_a_window_after_the_last_step_is_said_up_front(tmp_path, capsys):
   profiler, summaries = _profiled_run(tmp_path, 2, "profiler=xplane", "skip_first_n_steps_for_profiler=2")
-  assert capsys.readouterr().out.strip() == ("warning: profiler=xplane: skip_first_n_steps_for_profiler=2 is not "
-                                             "before steps=2, so no step will be profiled; lower it")
+  assert capsys.readouterr().out.strip() == (
+    "warning: profiler=xplane: skip_first_n_steps_for_profiler=2 is not "
+    "before steps=2, so no step will be profiled; lower it"
+  )
   assert summaries == [None, None] and not profiler.mode and not (tmp_path / "tensorboard").exists()
 
 
