@@ -10,6 +10,7 @@ $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install -qq --no-deps -e .   # MaxText itself, editable: python -m MaxText.... from any directory
 	touch $@
 
 setup: $(VENV)/.installed

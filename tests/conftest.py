@@ -85,6 +85,6 @@ def hf_tiny_import(tmp_path_factory):
   """tests/data/hf_tiny imported once: the output directory (config.yml, checkpoints/0, hf/)."""
   from MaxText.checkpointing.hf import importer  # pylint: disable=import-outside-toplevel
 
-  out = tmp_path_factory.mktemp("hf_tiny") / "imported"
+  out = tmp_path_factory.mktemp("hf_tiny") / "new" / "imported"  # its parent made too, as mkdir -p
   importer.import_checkpoint(HF_TINY, out, log=lambda *_: None)
   return out

@@ -385,10 +385,23 @@ def _shape_mismatch(message):
   return f"a parameter stored as {found.group(2)} is {found.group(1)} in this config" if found else "shapes differ"
 
 
+def quiet_item_access():
+  """Around Orbax reads of a step's `state` item alone: Orbax warns (through absl) that the item has no
+  _CHECKPOINT_METADATA of its own, which is as it should be (it is one item of a step, or an import's parameters).
+  Failures still raise."""
+  return _logger_to("absl", io.StringIO())
+
+
+def state_metadata(step_dir):
+  """The tree metadata of a checkpoint's state item (shapes, dtypes, names; no array is read)."""
+  with quiet_item_access():
+    metadata = ocp.StandardCheckpointer().metadata(pathlib.Path(step_dir) / "state")
+  return getattr(metadata, "item_metadata", metadata)
+
+
 def _stored_names(step_dir):
   """The names of the arrays a checkpoint's state item holds, from its metadata (no array is read)."""
-  metadata = ocp.StandardCheckpointer().metadata(pathlib.Path(step_dir) / "state")
-  return {leaf.name for leaf in jax.tree.leaves(getattr(metadata, "item_metadata", metadata))}
+  return {leaf.name for leaf in jax.tree.leaves(state_metadata(step_dir))}
 
 
 def read_meta(step_dir):
@@ -443,7 +456,7 @@ def restore_params(step_dir, params_template):
     item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
   )
   try:
-    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+    with quiet_item_access(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
       restored = checkpointer.restore(state, args=args)
   except Exception as e:  # damaged files, shapes of another model
     message = str(e)

@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
 
+from MaxText.checkpointing import checkpointer
 from MaxText.checkpointing.hf import HFError, model_config, names
 from MaxText.checkpointing.hf.checkpoint import INDEX, write_index
 from MaxText.checkpointing.hf.output_dir import staged
@@ -58,10 +59,9 @@ class CheckpointParams:
   def __init__(self, step_dir):
     self.step_dir = pathlib.Path(step_dir)
     try:
-      metadata = ocp.StandardCheckpointer().metadata(self.step_dir / "state")
+      tree = checkpointer.state_metadata(self.step_dir)
     except Exception as e:  # not a checkpoint, or a damaged one
       raise HFError(f"{self.step_dir}: can't read the checkpoint's metadata ({str(e).splitlines()[0][:200]})") from None
-    tree = getattr(metadata, "item_metadata", metadata)
     self.stored = {}  # our parameter path -> (shape, dtype)
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
       keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
@@ -92,8 +92,8 @@ class CheckpointParams:
     # Restored straight into NumPy: no second, device-side copy.
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray, dtype=dtype), target)
     args = ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
-    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
-      restored = checkpointer.restore(self.step_dir / "state", args=args)
+    with checkpointer.quiet_item_access(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as orbax_checkpointer:
+      restored = orbax_checkpointer.restore(self.step_dir / "state", args=args)
     node = restored["params"]
     for part in parts:
       node = node[part]
@@ -225,7 +225,7 @@ def export(cfg, step_dir, out_dir, *, dtype="bfloat16", max_shard_bytes=DEFAULT_
     write_model_files(tmp, cfg, dtype, log=log)
   size = sum(t.nbytes for t in tensors)
   log(
-    f"exported {step_dir} -> {out_dir}: {len(tensors)} tensors, {size / 1e9:.3f} GB {dtype} in {len(files)} "
+    f"exported {step_dir} -> {out_dir}: {len(tensors)} tensors, {size / 1e6:,.1f} MB {dtype} in {len(files)} "
     f"file(s){' with ' + INDEX if len(files) > 1 else ''}"
   )
   return out_dir

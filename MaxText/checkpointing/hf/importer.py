@@ -70,7 +70,7 @@ def write_params(hf, cfg, state_dir, log=print):
       writer.write(entry.param, tuple(index), block)
     done += hf.info(name).nbytes
   writer.finish()
-  log(f"wrote {len(names.hf_names(cfg))} tensors ({done / 1e9:.3f} GB) into {len(arrays)} parameter arrays")
+  log(f"wrote {len(names.hf_names(cfg))} tensors ({done / 1e6:,.1f} MB) into {len(arrays)} parameter arrays")
   return done
 
 

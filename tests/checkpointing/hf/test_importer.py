@@ -187,7 +187,8 @@ def test_a_storage_fault_mid_import_is_one_line_and_leaves_nothing(tmp_path, cap
     raise ValueError("RESOURCE_EXHAUSTED: Error writing file: No space left on device [OS error: 28]")
 
   monkeypatch.setattr(orbax_writer.ParamCheckpointWriter, "write", full_disk)
-  assert convert_hf.main(["to-maxtext", str(HF_TINY), str(tmp_path / "out")]) == 2
+  # Into directories that don't exist yet: made for the output (as mkdir -p), and gone with it after the failure.
+  assert convert_hf.main(["to-maxtext", str(HF_TINY), str(tmp_path / "new" / "deeper" / "out")]) == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "failed (RESOURCE_EXHAUSTED: Error writing file: No space left" in err, err
   assert not list(tmp_path.iterdir())
