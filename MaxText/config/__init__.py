@@ -5,7 +5,7 @@ without JAX (submit.sh checks configs on login nodes)."""
 
 from MaxText.config.base_yml import write_base_yml
 from MaxText.config.derived import RunShape
-from MaxText.config.loading import Config, load, parse_overrides
+from MaxText.config.loading import Config, load, parse_overrides, split_argv
 from MaxText.config.schema import INT32_MAX, MESH_AXES, PATH_KEYS, RANGES, SCHEMA, ConfigError, Key, absolute_path
 from MaxText.config.validation import check_job
 
@@ -23,5 +23,6 @@ __all__ = [
   "check_job",
   "load",
   "parse_overrides",
+  "split_argv",
   "write_base_yml",
 ]

@@ -27,7 +27,7 @@ def validate(c):
       raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
   if c.per_device_batch_size <= 0:
     raise ConfigError(f"per_device_batch_size={c.per_device_batch_size} must be > 0")
-  for name in ("eval_interval", "grain_worker_count", "skip_first_n_steps_for_profiler", "data_prefetch_depth"):
+  for name in ("grain_worker_count", "skip_first_n_steps_for_profiler", "data_prefetch_depth"):
     if getattr(c, name) < 0:
       raise ConfigError(f"{name}={getattr(c, name)} must be >= 0")
   for name in ("eval_steps", "checkpoint_period", "grain_max_pieces_per_document", "profiler_steps"):

@@ -198,6 +198,7 @@ class GrainIterator(DataIterator):
         num_packing_bins=PACKING_BINS,
         seed=cfg.seed,
         shuffle_bins=train,
+        max_sequences_per_bin=cfg.max_segments_per_seq if cfg.max_segments_per_seq > 0 else None,
       )
     else:  # one piece per row: the model then attends causally with no per-document mask
       ds = ds.map(_PadPiece(length))

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 
 from MaxText import precision
+from MaxText.config.models import definition as model_definition
 from MaxText.model import accounting
 from MaxText.model.decoder import abstract_model
 from MaxText.runtime import sharding
@@ -50,20 +51,34 @@ def sharding_plan(cfg, plan, num_devices, num_processes):
   return mesh_sizes
 
 
+def model_line(cfg):
+  """'llama3-8b', 'llama3-8b with base_num_decoder_layers=4 (override_model_config)' or 'default (...)'."""
+  model = model_definition(cfg.model_name)
+  if model is None:
+    return (
+      f"default (the config's: width {cfg.base_emb_dim}, {cfg.base_num_decoder_layers} layers, "
+      f"{cfg.base_num_query_heads}/{cfg.base_num_kv_heads} heads of {cfg.head_dim}, MLP {cfg.base_mlp_dim}, "
+      f"vocab {cfg.vocab_size})"
+    )
+  changed = [f"{k}={getattr(cfg, k)}" for k, v in model.items() if getattr(cfg, k) != v]
+  return f"{cfg.model_name} with {', '.join(changed)} (override_model_config)" if changed else cfg.model_name
+
+
 def summary(cfg, run_shape, mesh_sizes):
   """(the printed summary, the memory estimate)."""
   flops = accounting.training_flops_per_device(cfg)
   mem = accounting.memory_per_device(cfg, mesh_sizes, run_shape.micro_batch_size)
   mesh_text = " x ".join(f"{a} {n}" for a, n in mesh_sizes.items())
+  optimizer_state = "none: sgd" if cfg.opt_type == "sgd" else f"{cfg.opt_type} mu+nu f32"
   lines = [
-    f"model: {cfg.model_name}",
+    f"model: {model_line(cfg)}",
     f"parameters: {accounting.param_count(cfg)}",
     f"TFLOPs per device per step: {flops.tflops:.2f}",
     f"mesh: {mesh_text} ({run_shape.num_devices} device(s))",
     f"memory per device: {mem.total_gib:.2f} GiB",
     f"  parameters {mem.params / accounting.GIB:.2f} GiB ({cfg.weight_dtype}), gradients "
     f"{mem.grads / accounting.GIB:.2f} GiB (f32), optimizer state {mem.optimizer / accounting.GIB:.2f} GiB "
-    f"(AdamW mu+nu f32), activations ~{mem.activations / accounting.GIB:.2f} GiB "
+    f"({optimizer_state}), activations ~{mem.activations / accounting.GIB:.2f} GiB "
     f"(remat_policy={cfg.remat_policy}, micro-batch {run_shape.micro_batch_size}, estimate)"
     + (f", amax histories {mem.amax_history / accounting.GIB:.2f} GiB" if mem.amax_history else ""),
     f"global batch: {run_shape.global_batch_size} sequences x {cfg.max_target_length} tokens "
