@@ -42,7 +42,13 @@ DATA_KEYS = (
   "tokenizer_type",
   "tokenizer_path",
   "max_target_length",
+  "hf_path",
+  "hf_name",
+  "hf_data_dir",
+  "hf_train_files",
+  "train_data_columns",
 )
+SECRET_KEYS = ("hf_access_token",)  # never written into a checkpoint's meta
 
 
 def _state_args(state, restore):
@@ -116,7 +122,11 @@ def meta_record(step, cfg):
   """What a checkpoint says about itself: its step and the run's settings."""
   return {
     "step": int(step),
-    "config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, (str, int, float, bool, list))},
+    "config": {
+      k: v
+      for k, v in cfg.to_dict().items()
+      if isinstance(v, (str, int, float, bool, list)) and k not in SECRET_KEYS
+    },
   }
 
 
