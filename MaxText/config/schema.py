@@ -565,8 +565,11 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def absolute_path(path):
-  """`path` against the current working directory (~ expanded; '' and URLs such as gs://... as they are)."""
+  """`path` against the current working directory (~ expanded; file:// is a local path; '' and other URLs such as
+  gs://... as they are)."""
   path = os.path.expanduser(str(path))
+  if path.startswith("file://"):
+    path = path[len("file://") :] or "/"
   return path if not path or _URL.match(path) else os.path.abspath(path)
 
 

@@ -185,8 +185,10 @@ class GrainIterator(DataIterator):
     tokenize = _Tokenize(records, tokenizer, length, cfg.grain_max_pieces_per_document)
     reading = dict(seed=cfg.seed, train=train, process_index=process_index, process_count=process_count)
     # Random-access records (ArrayRecord, TFDS) are sliced and shuffled here; a streamed source brings its own.
-    documents = records.documents(tokenize, **reading) if hasattr(records, "documents") else _Documents(
-      records, tokenize, **reading
+    documents = (
+      records.documents(tokenize, **reading)
+      if hasattr(records, "documents")
+      else _Documents(records, tokenize, **reading)
     )
     documents.check_has_tokens()
     ds = grain_exp.FlatMapIterDataset(documents, _Split(length, max_fan_out=cfg.grain_max_pieces_per_document))

@@ -15,6 +15,7 @@ import pathlib
 import grain
 import numpy as np
 
+from MaxText import storage
 from MaxText.errors import UserError
 
 # int32 ids below 2^24 have a NUL high byte: a quarter of their bytes or more. Text has none.
@@ -121,6 +122,12 @@ class Records:
 def array_record_source(pattern, what, record_format, vocab_size):
   """Records of every shard `pattern` matches; DataError for no match, a damaged or empty shard, a format
   other than the one metadata.json (or the first record) says."""
+  if storage.is_remote(pattern):
+    raise DataError(
+      f"{what}={pattern!r}: ArrayRecord shards are read from a local or mounted path (MaxText's grain pipeline "
+      "mounts buckets with gcsfuse too): mount it and give the mounted path, or use dataset_type=hf with "
+      "hf_train_files"
+    )
   paths = sorted(glob.glob(pattern)) if pattern else []
   if not paths:
     raise DataError(f"{what}={pattern!r} matches no files; run scripts/prepare_data.py or fix the glob")

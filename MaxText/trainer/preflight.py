@@ -7,7 +7,7 @@ import os
 import jax
 import numpy as np
 
-from MaxText import precision
+from MaxText import precision, storage
 from MaxText.config.models import definition as model_definition
 from MaxText.model import accounting
 from MaxText.model.decoder import abstract_model
@@ -127,19 +127,37 @@ def run_dir(cfg):
     return os.path.join(cfg.base_output_directory, cfg.run_name)
   stamp = os.path.join(cfg.base_output_directory, datetime.datetime.now().strftime("run_%Y%m%d_%H%M%S"))
   path, n = stamp, 1
-  while os.path.exists(path):
+  while storage.exists(path):
     path, n = f"{stamp}_{n}", n + 1
   return path
+
+
+def check_storage(cfg, out_dir):
+  """Every URL the run writes or reads can be served here (its scheme's package installed, a library that writes
+  it): one line before anything is written."""
+  if storage.is_remote(out_dir):
+    storage.filesystem(cfg.base_output_directory, "base_output_directory")
+  if cfg.enable_checkpointing:
+    storage.check_checkpoint_path(cfg.base_output_directory, "base_output_directory")
+  for key in ("load_parameters_path", "load_full_state_path"):
+    if getattr(cfg, key):
+      storage.check_checkpoint_path(getattr(cfg, key), key)
+  if cfg.enable_tensorboard:
+    storage.check_tensorboard_path(cfg.base_output_directory, "base_output_directory")
+  if cfg.profiler and storage.is_remote(out_dir):
+    raise UserError(
+      f"profiler={cfg.profiler} writes its trace and summary into the run directory, which must be local here "
+      f"(base_output_directory={cfg.base_output_directory}); profile with a local base_output_directory"
+    )
 
 
 def check_writable(out_dir):
   """The run directory exists (created) and takes files: a clear error now, not after compiling."""
   try:
-    os.makedirs(out_dir, exist_ok=True)
+    storage.makedirs(out_dir)
     probe = os.path.join(out_dir, ".write_test")
-    with open(probe, "w", encoding="utf-8"):
-      pass
-    os.remove(probe)
+    storage.write_text(probe, "")
+    storage.remove(probe)
   except OSError as e:
     raise UserError(
       f"can't write the run directory {out_dir} ({e.strerror or e}); set base_output_directory to a writable directory"
