@@ -94,6 +94,16 @@ def _missing_submodule(module):
     return True
 
 
+def check_local_shards(pattern, what):
+  """ArrayRecord shards and TFDS directories are read from local (or mounted) paths: StorageError for a URL."""
+  if is_remote(pattern):
+    raise StorageError(
+      f"{what}={pattern!r}: ArrayRecord shards are read from a local or mounted path (MaxText's grain pipeline "
+      "mounts buckets with gcsfuse too): mount it and give the mounted path, or use dataset_type=hf with "
+      "hf_train_files"
+    )
+
+
 def exists(path):
   if not is_remote(path):
     return os.path.exists(path)

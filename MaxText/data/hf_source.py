@@ -53,6 +53,8 @@ class HFSplit:
   def open(self, *, seed, train, epoch, process_index, process_count):
     """The stream of this process's documents (shuffled for training) at `epoch`."""
     datasets = _datasets()
+    from datasets.distributed import split_dataset_by_node  # pylint: disable=import-outside-toplevel
+
     try:
       ds = datasets.load_dataset(**self.load_kwargs)
     except Exception as e:  # missing files, unknown dataset, no network: datasets raises many types
@@ -81,8 +83,8 @@ class _Documents(grain.IterDataset):
 
   def check_has_tokens(self):
     """Read documents until one makes a training sequence (2 tokens, BOS/EOS included); DataError if none does."""
-    count = 0
-    for count, document in enumerate(_texts(self.split, self.split.open(epoch=0, **self.open_kwargs)), 1):
+    count, unshuffled = 0, {**self.open_kwargs, "train": False}  # the same documents, without a shuffle to wind down
+    for count, document in enumerate(_texts(self.split, self.split.open(epoch=0, **unshuffled)), 1):
       if self.tokenize.map((count - 1, document)).size >= 2:
         return
     raise DataError(

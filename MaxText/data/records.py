@@ -122,12 +122,7 @@ class Records:
 def array_record_source(pattern, what, record_format, vocab_size):
   """Records of every shard `pattern` matches; DataError for no match, a damaged or empty shard, a format
   other than the one metadata.json (or the first record) says."""
-  if storage.is_remote(pattern):
-    raise DataError(
-      f"{what}={pattern!r}: ArrayRecord shards are read from a local or mounted path (MaxText's grain pipeline "
-      "mounts buckets with gcsfuse too): mount it and give the mounted path, or use dataset_type=hf with "
-      "hf_train_files"
-    )
+  storage.check_local_shards(pattern, what)
   paths = sorted(glob.glob(pattern)) if pattern else []
   if not paths:
     raise DataError(f"{what}={pattern!r} matches no files; run scripts/prepare_data.py or fix the glob")

@@ -144,6 +144,9 @@ def check_storage(cfg, out_dir):
       storage.check_checkpoint_path(getattr(cfg, key), key)
   if cfg.enable_tensorboard:
     storage.check_tensorboard_path(cfg.base_output_directory, "base_output_directory")
+  if cfg.dataset_type in ("grain", "tfds"):
+    for key in ("grain_train_files", "grain_eval_files", "dataset_path"):
+      storage.check_local_shards(getattr(cfg, key), key)
   if cfg.profiler and storage.is_remote(out_dir):
     raise UserError(
       f"profiler={cfg.profiler} writes its trace and summary into the run directory, which must be local here "
