@@ -53,7 +53,6 @@ class HFSplit:
   def open(self, *, seed, train, epoch, process_index, process_count):
     """The stream of this process's documents (shuffled for training) at `epoch`."""
     datasets = _datasets()
-    from datasets.distributed import split_dataset_by_node  # pylint: disable=import-outside-toplevel
 
     try:
       ds = datasets.load_dataset(**self.load_kwargs)
