@@ -37,6 +37,8 @@ def planned_devices(cfg, local_count):
   dcn = [getattr(cfg, f"dcn_{a}_parallelism") for a in sharding.MESH_AXES]
   processes = int(np.prod(dcn)) if -1 not in dcn else 1
   if cfg.num_devices > 0:
+    if -1 in dcn and -1 not in ici and cfg.num_devices % int(np.prod(ici)) == 0:
+      processes = cfg.num_devices // int(np.prod(ici))  # the nodes a job of num_devices has, ici devices each
     return cfg.num_devices, processes
   if -1 not in ici + dcn:
     return int(np.prod(ici) * np.prod(dcn)), processes
@@ -132,10 +134,10 @@ def run_dir(cfg):
   return path
 
 
-def check_storage(cfg, out_dir):
+def check_storage(cfg):
   """Every URL the run writes or reads can be served here (its scheme's package installed, a library that writes
   it): one line before anything is written."""
-  if storage.is_remote(out_dir):
+  if storage.is_remote(cfg.base_output_directory):
     storage.filesystem(cfg.base_output_directory, "base_output_directory")
   if cfg.enable_checkpointing:
     storage.check_checkpoint_path(cfg.base_output_directory, "base_output_directory")
@@ -147,7 +149,7 @@ def check_storage(cfg, out_dir):
   if cfg.dataset_type in ("grain", "tfds"):
     for key in ("grain_train_files", "grain_eval_files", "dataset_path"):
       storage.check_local_shards(getattr(cfg, key), key)
-  if cfg.profiler and storage.is_remote(out_dir):
+  if cfg.profiler and storage.is_remote(cfg.base_output_directory):
     raise UserError(
       f"profiler={cfg.profiler} writes its trace and summary into the run directory, which must be local here "
       f"(base_output_directory={cfg.base_output_directory}); profile with a local base_output_directory"

@@ -38,8 +38,8 @@ def train(cfg):
     if cfg.dry_run:
       return []
     preflight.check_memory(cfg, mem, devices)
+    preflight.check_storage(cfg)
     out_dir = preflight.run_dir(cfg)
-    preflight.check_storage(cfg, out_dir)
     preflight.check_writable(out_dir)
     compile_cache.configure(cfg.jax_cache_dir)
     run = run_setup.build(cfg, plan, run_shape, devices, process_index, process_count, out_dir)
