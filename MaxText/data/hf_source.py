@@ -62,7 +62,9 @@ class HFSplit:
         "hf_data_dir and the hf_*_files globs (a Hub dataset needs the network or its cache)"
       ) from None
     if process_count > 1:
-      ds = datasets.distributed.split_dataset_by_node(ds, rank=process_index, world_size=process_count)
+      from datasets.distributed import split_dataset_by_node  # pylint: disable=import-outside-toplevel
+
+      ds = split_dataset_by_node(ds, rank=process_index, world_size=process_count)
     if train:
       ds = ds.shuffle(seed=seed)
       ds.set_epoch(epoch)
