@@ -26,6 +26,7 @@ from MaxText.runtime import distributed, sharding
 from MaxText.errors import UserError
 from MaxText.inference.generate import Generator
 from MaxText.quantization import backends
+from MaxText.trainer.run import matmul_precision
 
 # Mistakes the user can fix: one line on stderr, exit code 2 (as the trainer's).
 USER_ERRORS = (
@@ -137,7 +138,7 @@ def decode(cfg, log=print):
   batch = config_lib.RunShape.of(cfg, len(devices)).global_batch_size
   mesh = sharding.make_mesh(cfg, devices)
   graphdef, abstract_params, rest = abstract_model(cfg)
-  with jax.set_mesh(mesh):
+  with jax.set_mesh(mesh), matmul_precision(cfg):
     shardings = sharding.param_shardings(abstract_params, mesh)
     template = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params, shardings)
     params, source = load_params(cfg, template)
@@ -180,7 +181,7 @@ def main(argv=None):
     print(__doc__.strip())
     return 0 if argv else 2
   try:
-    decode(config_lib.load(argv[0], argv[1:]))
+    decode(config_lib.load(*config_lib.split_argv(argv)))
   except USER_ERRORS as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

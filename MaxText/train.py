@@ -1,7 +1,10 @@
 """The training entry point: config -> precision plan -> a built run -> the step loop and its hooks (metrics, eval,
 checkpoints, profiler, stops).
 
-    python train.py CONFIG.yml [key=value ...]     (same as python -m MaxText.train ...)
+    python train.py [CONFIG.yml] [key=value ...]     (same as python -m MaxText.train ...)
+
+Without a CONFIG.yml the run starts from the defaults (configs/base.yml), as MaxText's does; MaxText's
+MaxText/configs/base.yml (any of its layouts) names that file. model_name=llama3-8b picks a model by name.
 
 A mistake in the config or the environment is one line on stderr and exit code 2; SIGTERM is a clean stop
 (exit 0), SIGINT too (exit 130).
@@ -28,7 +31,7 @@ def main(argv=None):
     print(__doc__.strip())
     return 0 if argv else 2
   try:
-    cfg = config_lib.load(argv[0], argv[1:])
+    cfg = config_lib.load(*config_lib.split_argv(argv))
     train(cfg)
   except USER_ERRORS as e:
     print(f"error: {e}", file=sys.stderr)

@@ -16,6 +16,7 @@ import logging
 import pathlib
 import re
 import sys
+import tempfile
 import threading
 import traceback
 import warnings
@@ -23,7 +24,7 @@ import warnings
 import jax
 import orbax.checkpoint as ocp
 
-from MaxText import config
+from MaxText import config, storage
 from MaxText.errors import UserError
 
 
@@ -42,7 +43,13 @@ DATA_KEYS = (
   "tokenizer_type",
   "tokenizer_path",
   "max_target_length",
+  "hf_path",
+  "hf_name",
+  "hf_data_dir",
+  "hf_train_files",
+  "train_data_columns",
 )
+SECRET_KEYS = ("hf_access_token",)  # never written into a checkpoint's meta
 
 
 def _state_args(state, restore):
@@ -116,7 +123,9 @@ def meta_record(step, cfg):
   """What a checkpoint says about itself: its step and the run's settings."""
   return {
     "step": int(step),
-    "config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, (str, int, float, bool, list))},
+    "config": {
+      k: v for k, v in cfg.to_dict().items() if isinstance(v, (str, int, float, bool, list)) and k not in SECRET_KEYS
+    },
   }
 
 
@@ -127,12 +136,13 @@ class Checkpointer:
   """
 
   def __init__(self, directory, *, period, max_to_keep, async_save, cfg=None):
-    self.directory = pathlib.Path(directory).absolute()
+    self.directory = checkpoint_path(directory)
     self.period = period
     self.cfg = cfg
-    self._log_path = self.directory.parent / "checkpoint_errors.log"
+    self._log_path = _log_path(self.directory)
     self._in_flight = None  # the step of an async save not yet known to have finished
     self.directory.parent.mkdir(parents=True, exist_ok=True)
+    self._log_path.parent.mkdir(parents=True, exist_ok=True)
     # Orbax reports from its background threads (a failed async save's traceback): into the log, not the
     # terminal, for as long as this checkpointer lives; the run reports the failure itself in one line.
     self._noise = _LogFileHandler(self._log_path)
@@ -395,7 +405,7 @@ def quiet_item_access():
 def state_metadata(step_dir):
   """The tree metadata of a checkpoint's state item (shapes, dtypes, names; no array is read)."""
   with quiet_item_access():
-    metadata = ocp.StandardCheckpointer().metadata(pathlib.Path(step_dir) / "state")
+    metadata = ocp.StandardCheckpointer().metadata(checkpoint_path(step_dir) / "state")
   return getattr(metadata, "item_metadata", metadata)
 
 
@@ -404,9 +414,27 @@ def _stored_names(step_dir):
   return {leaf.name for leaf in jax.tree.leaves(state_metadata(step_dir))}
 
 
+def checkpoint_path(path):
+  """An absolute local pathlib path, or for a URL (gs://, s3://) an etils epath, which Orbax reads and writes."""
+  if storage.is_remote(path):
+    from etils import epath  # pylint: disable=import-outside-toplevel
+
+    return epath.Path(str(path))
+  return pathlib.Path(path).absolute()
+
+
+def _log_path(directory):
+  """Where Orbax's tracebacks go: beside the checkpoints directory, or for one on object storage (no appending
+  there) a local file named after it."""
+  if not storage.is_remote(directory):
+    return directory.parent / "checkpoint_errors.log"
+  name = re.sub(r"[^A-Za-z0-9._-]+", "_", str(directory.parent))
+  return pathlib.Path(tempfile.gettempdir()) / "maxtext_checkpoint_errors" / f"{name}.log"
+
+
 def read_meta(step_dir):
   """A checkpoint's meta record ({} for checkpoints written before it existed)."""
-  step_dir = pathlib.Path(step_dir)
+  step_dir = checkpoint_path(step_dir)
   return dict(ocp.JsonCheckpointHandler().restore(step_dir / "meta") or {}) if (step_dir / "meta").is_dir() else {}
 
 
@@ -415,7 +443,7 @@ def restore_step_dir(path, state_template):
 
   The step comes from the checkpoint's meta item, else from a directory named by it, else None.
   """
-  path = pathlib.Path(path).absolute()
+  path = checkpoint_path(path)
   if not (path / "state").is_dir():
     raise CheckpointError(
       f"{path} is not a checkpoint step directory (no {path.name}/state); point at <run dir>/checkpoints/<step>"
@@ -437,8 +465,13 @@ def restore_step_dir(path, state_template):
 def restore_params(step_dir, params_template):
   """The parameters of checkpoint `step_dir` (<...>/checkpoints/<step>), typed and sharded like `params_template`
   (stored bf16 becomes the template's f32); the rest of the checkpoint is not read."""
-  step_dir = pathlib.Path(step_dir).absolute()
+  step_dir = checkpoint_path(step_dir)
   state = step_dir / "state"
+  if not state.is_dir() and (step_dir / "items").is_dir():
+    raise CheckpointError(
+      f"{step_dir} is a MaxText checkpoint (<step>/items), whose parameter tree differs from ours; start from the "
+      "Hugging Face weights instead (python -m MaxText.convert_hf to-maxtext, or load_parameters_path=<HF dir>)"
+    )
   if not state.is_dir():
     raise CheckpointError(
       f"{step_dir} is not a checkpoint step directory (no {step_dir.name}/state; point at <run dir>/checkpoints/"

@@ -4,12 +4,12 @@ without JAX (submit.sh runs it on login nodes)."""
 import sys
 
 from MaxText.config.base_yml import write_base_yml
-from MaxText.config.loading import load
+from MaxText.config.loading import load, split_argv
 from MaxText.config.schema import ConfigError
 from MaxText.config.validation import check_job
 
 USAGE = """usage: python -m MaxText.config                  print configs/base.yml (every key, its default and doc)
-       python -m MaxText.config --check [--nodes N --gpus-per-node G] CONFIG [key=value ...]
+       python -m MaxText.config --check [--nodes N --gpus-per-node G] [CONFIG] [key=value ...]
            validate a config (and that its mesh fits a job of N nodes x G GPUs); needs pyyaml, not jax"""
 
 
@@ -22,10 +22,11 @@ def _check_cli(args):
     job[args[0]], args = int(args[1]), args[2:]
   if not args or args[0].startswith("-"):
     raise ConfigError(
-      "--check needs a config file: python -m MaxText.config --check [--nodes N "
-      "--gpus-per-node G] CONFIG [key=value ...]"
+      "--check needs a config file or key=value overrides: python -m MaxText.config --check [--nodes N "
+      "--gpus-per-node G] [CONFIG] [key=value ...]"
     )
-  return args[0], args[1:], job["--nodes"], job["--gpus-per-node"]
+  path, overrides = split_argv(args)
+  return path, overrides, job["--nodes"], job["--gpus-per-node"]
 
 
 def main(argv):

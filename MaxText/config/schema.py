@@ -3,7 +3,6 @@
 configs/base.yml is generated from SCHEMA (base_yml.py)."""
 
 import dataclasses
-import difflib
 import math
 import os
 import re
@@ -21,10 +20,16 @@ class ConfigError(UserError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Key:
+  """A config key: its type, default, one-line doc and allowed values. `aliases` are other spellings of a value
+  (MaxText's, e.g. attention=cudnn_flash_te), read as the value they name. `no_effect` says why a key that MaxText
+  has does nothing here: a value other than the default is accepted with one warning line saying so."""
+
   type: type
   default: typing.Any
   doc: str
   choices: tuple = ()
+  aliases: tuple = ()  # ((their value, ours), ...)
+  no_effect: str = ""
 
 
 SCHEMA = {
@@ -74,10 +79,24 @@ SCHEMA = {
   "adam_eps": Key(float, 1e-8, "AdamW epsilon"),
   "adam_weight_decay": Key(float, 0.1, "AdamW decoupled weight decay"),
   "gradient_clipping_threshold": Key(float, 1.0, "clip gradients to this global norm (0 = off)"),
+  "opt_type": Key(
+    str,
+    "adamw",
+    "optimizer (MaxText's): adamw (optax.adamw), adam_pax (Praxis' Adam: the same update, bias correction folded "
+    "into the decay rates, decoupled weight decay) or sgd (optax.sgd: no momentum, no weight decay)",
+    ("adamw", "adam_pax", "sgd"),
+  ),
+  "adam_eps_root": Key(float, 0.0, "Adam epsilon inside the square root (MaxText's)"),
   # -- precision
   "dtype": Key(str, "bfloat16", "activation / compute dtype", ("bfloat16", "float32", "float16")),
   "weight_dtype": Key(str, "float32", "parameter (master weight) dtype", ("float32", "bfloat16")),
-  "quantization": Key(str, "", "precision recipe of the MLP GEMMs ('' = BF16)", tuple([""] + recipe_names())),
+  "quantization": Key(
+    str,
+    "",
+    "precision recipe of the MLP GEMMs ('' = BF16); fp8 is MaxText's: FP8 delayed scaling of every Dense layer "
+    "(te_fp8_delayedscaling with quantization_scope=all_dense)",
+    tuple([""] + recipe_names()),
+  ),
   "quantization_scope": Key(
     str,
     "mlp",
@@ -150,8 +169,27 @@ SCHEMA = {
     "quantization error and the fractions of saturated and all-zero (underflowed) "
     "blocks to metrics.jsonl/TensorBoard as quant/<gemm>/<operand>/<stat> (0 = off)",
   ),
+  "matmul_precision": Key(
+    str,
+    "default",
+    "precision of every matmul of f32 operands (MaxText's; jax.default_matmul_precision): default, high, highest, "
+    "bfloat16 (= default), float32 (= highest); bf16 and quantized GEMMs are unaffected",
+    ("default", "high", "highest", "bfloat16", "float32"),
+  ),
+  "logits_dot_in_fp32": Key(bool, False, "run the lm head GEMM on f32 operands instead of the compute dtype"),
   # -- model
-  "model_name": Key(str, "llama3", "model family label (informational)"),
+  "model_name": Key(
+    str,
+    "default",
+    "the model, as MaxText names them (MaxText/config/models.py: llama3-8b, llama3.1-405b, llama3.2-1b, "
+    "llama3-tiny, ...); default: the model keys (base_*, vocab_size, rope_*, ...) as the config sets them",
+  ),
+  "override_model_config": Key(
+    bool,
+    False,
+    "allow the command line or a YAML to set a named model's model keys to other values (MaxText's rule: refused "
+    "otherwise)",
+  ),
   "base_emb_dim": Key(int, 2048, "model (embedding) width"),
   "base_num_query_heads": Key(int, 16, "attention query heads"),
   "base_num_kv_heads": Key(int, 8, "attention key/value heads (grouped-query attention)"),
@@ -192,7 +230,11 @@ SCHEMA = {
     ),
   ),
   "attention": Key(
-    str, "dot_product", "attention kernel: XLA dot_product, or cuDNN flash on GPU", ("dot_product", "cudnn_flash")
+    str,
+    "dot_product",
+    "attention kernel: XLA dot_product, or cuDNN flash on GPU (cudnn_flash_te, MaxText's name, is cudnn_flash)",
+    ("dot_product", "cudnn_flash"),
+    aliases=(("cudnn_flash_te", "cudnn_flash"),),
   ),
   "num_vocab_tiling": Key(
     int,
@@ -236,8 +278,9 @@ SCHEMA = {
     str,
     "synthetic",
     "input pipeline: synthetic (a seeded Markov chain), grain (ArrayRecord "
-    "files) or tfds (a TFDS dataset directory read through its ArrayRecord data source)",
-    ("synthetic", "grain", "tfds"),
+    "files), tfds (a TFDS dataset directory read through its ArrayRecord data source) or hf (a Hugging Face "
+    "dataset, streamed through the datasets library)",
+    ("synthetic", "grain", "tfds", "hf"),
   ),
   "grain_train_files": Key(str, "", "grain: glob of the training ArrayRecord shards"),
   "grain_eval_files": Key(str, "", "grain: glob of the eval ArrayRecord shards ('' = no eval data)"),
@@ -260,6 +303,12 @@ SCHEMA = {
     "false: one document piece per row, right-padded, attention causal only. Synthetic data is "
     "never packed",
   ),
+  "max_segments_per_seq": Key(
+    int, -1, "grain/tfds/hf packing: at most this many documents in one row (-1 = as many as fit; MaxText's)"
+  ),
+  "reuse_example_batch": Key(
+    int, 0, "read the first batch once and train on it every step (performance testing; MaxText's; 0 = off)"
+  ),
   "grain_max_pieces_per_document": Key(
     int, 4096, "grain/tfds: a document longer than this many sequences of max_target_length is an error naming it"
   ),
@@ -274,7 +323,20 @@ SCHEMA = {
     ("byte", "huggingface", "tiktoken", "sentencepiece"),
   ),
   "tokenizer_path": Key(str, "", "the tokenizer file (not needed for byte)"),
-  "eval_interval": Key(int, 0, "evaluate every this many steps and at the end (0 = never)"),
+  # -- Hugging Face datasets (dataset_type=hf; MaxText's keys), streamed as MaxText streams them
+  "hf_path": Key(
+    str, "", "hf: the dataset: a Hub id (allenai/c4) or a builder for files (parquet, json, arrow, csv, text)"
+  ),
+  "hf_name": Key(str, "", "hf: the dataset's configuration name ('' = its default)"),
+  "hf_data_dir": Key(str, "", "hf: data_dir of the dataset (e.g. 'en' for allenai/c4)"),
+  "hf_train_files": Key(str, "", "hf: training files (a path or glob, local or an fsspec URL) for a file builder"),
+  "hf_eval_split": Key(str, "", "hf: the eval split ('' = no eval data; 'train' when hf_eval_files is set)"),
+  "hf_eval_files": Key(str, "", "hf: eval files (a path or glob) for a file builder"),
+  "hf_access_token": Key(str, "", "hf: a Hub token for gated datasets ('' = $HF_TOKEN or none)"),
+  "train_data_columns": Key(list, ["text"], "hf: the column holding each document's text (one column)"),
+  "eval_interval": Key(
+    int, 0, "evaluate every this many steps and at the end (0 or -1 = never; MaxText's default is -1)"
+  ),
   "eval_steps": Key(int, 10, "batches per evaluation (fewer if the eval split runs out)"),
   # -- checkpoints
   "enable_checkpointing": Key(
@@ -327,6 +389,50 @@ SCHEMA = {
   "decode_sampling_temperature": Key(float, 1.0, "decode: logits are divided by this before sampling"),
   "decode_sampling_top_k": Key(int, 0, "decode: k of decode_sampling_strategy=topk"),
   "decode_sampling_nucleus_p": Key(float, -1.0, "decode: p of decode_sampling_strategy=nucleus, in (0, 1]"),
+  # -- MaxText's keys that do nothing here: accepted, and a value other than the default is one warning line
+  "use_iota_embed": Key(
+    bool,
+    False,
+    "MaxText's one-hot-matmul embedding lookup",
+    no_effect="the embedding is a gather; MaxText's one-hot matmul computes the same numbers (a TPU layout choice)",
+  ),
+  "monitor_goodput": Key(
+    bool, False, "MaxText's Google goodput monitor", no_effect="goodput monitoring is a Google Cloud service"
+  ),
+  "enable_goodput_recording": Key(
+    bool, False, "MaxText's Google goodput recording", no_effect="goodput recording is a Google Cloud service"
+  ),
+  "enable_pathways_goodput": Key(
+    bool, False, "MaxText's Pathways goodput", no_effect="Pathways is a Google Cloud TPU service"
+  ),
+  "use_vertex_tensorboard": Key(
+    bool,
+    False,
+    "MaxText's Vertex AI TensorBoard upload",
+    no_effect="Vertex AI is a Google Cloud service; TensorBoard events are written under the run directory",
+  ),
+  "gcs_metrics": Key(
+    bool,
+    False,
+    "MaxText's upload of the metrics to base_output_directory",
+    no_effect="metrics.jsonl is written into the run directory wherever base_output_directory is (gs:// too)",
+  ),
+  "save_config_to_gcs": Key(
+    bool,
+    False,
+    "MaxText's upload of the config to base_output_directory",
+    no_effect="every checkpoint's meta item records the run's config",
+  ),
+  "force_unroll": Key(
+    bool,
+    False,
+    "MaxText's unrolled per-layer parameter-only checkpoints",
+    no_effect="it only affects MaxText's generate_param_only_checkpoint; checkpoints here hold the layers "
+    "stacked whether or not scan_layers",
+  ),
+  "enable_dropout": Key(
+    bool, False, "MaxText's dropout switch", no_effect="the Llama models here have no dropout (MaxText's set it false)"
+  ),
 }
 
 
@@ -397,13 +503,22 @@ RANGES = {
       "quantization_bf16_last_layers",
       "quantization_stats_period",
       "num_devices",
-      "eval_interval",
+      "reuse_example_batch",
       "max_num_checkpoints_to_keep",
       "data_prefetch_depth",
       "decode_sampling_top_k",
     )
   },
-  **{n: _OR_MINUS_1 for n in ("warmup_steps", "learning_rate_schedule_steps", "high_precision_from_step")},
+  **{
+    n: _OR_MINUS_1
+    for n in (
+      "warmup_steps",
+      "learning_rate_schedule_steps",
+      "high_precision_from_step",
+      "eval_interval",
+      "max_segments_per_seq",
+    )
+  },
   **{f"{k}_{a}_parallelism": _OR_MINUS_1 for k in ("ici", "dcn") for a in MESH_AXES},
   "seed": Span(0, 2**32 - 1),  # grain's shuffle and numpy's generators take unsigned 32-bit seeds
   "grain_worker_count": Span(0, 1024),  # processes
@@ -425,6 +540,7 @@ RANGES = {
       "decode_sampling_temperature",
     )
   },
+  "adam_eps_root": _NONNEGATIVE_REAL,
   "per_device_batch_size": Span(0, INT32_MAX, low_open=True),
 }
 # Paths get ~ and $VARIABLES expanded as a shell would and are made absolute against the directory the command was
@@ -441,14 +557,19 @@ PATH_KEYS = (
   "jax_cache_dir",
   "prompts_file",
   "decode_output_file",
+  "hf_train_files",
+  "hf_eval_files",
 )
 _VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def absolute_path(path):
-  """`path` against the current working directory (~ expanded; '' and URLs such as gs://... as they are)."""
+  """`path` against the current working directory (~ expanded; file:// is a local path; '' and other URLs such as
+  gs://... as they are)."""
   path = os.path.expanduser(str(path))
+  if path.startswith("file://"):
+    path = path[len("file://") :] or "/"
   return path if not path or _URL.match(path) else os.path.abspath(path)
 
 
@@ -514,13 +635,36 @@ def coerce(name, value, where):
     check_number(name, out, where)
   if name in PATH_KEYS:
     out = expand_path(name, out, where)
+  if key.aliases:
+    out = dict(key.aliases).get(out, out)
   if key.choices and out not in key.choices:
     shown = ", ".join(repr(c) if c == "" else c for c in key.choices)
     raise ConfigError(f"{where}: {name}={out!r} is not one of: {shown}")
   return out
 
 
+def _edit_distance(a, b):
+  """Optimal string alignment distance: insertions, deletions, substitutions and swaps of neighbours."""
+  prev2, prev = None, list(range(len(b) + 1))
+  for i, ca in enumerate(a, 1):
+    row = [i]
+    for j, cb in enumerate(b, 1):
+      row.append(min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (ca != cb)))
+      if prev2 is not None and i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+        row[j] = min(row[j], prev2[j - 2] + 1)
+    prev2, prev = prev, row
+  return prev[-1]
+
+
+def near_misses(name, names):
+  """The names `name` is a typo of, closest first: a few edits away for its length (1 up to 8 characters, 2 up to
+  16, 3 beyond), not merely a shared word (opt_type is no typo of rope_type)."""
+  allowed = 1 if len(name) <= 8 else 2 if len(name) <= 16 else 3
+  scored = sorted((_edit_distance(name, n), n) for n in names if abs(len(n) - len(name)) <= allowed)
+  return [n for d, n in scored if d <= allowed]
+
+
 def unknown_key(name, where):
-  close = difflib.get_close_matches(name, SCHEMA, n=1)
+  close = near_misses(name, SCHEMA)
   hint = f" (did you mean '{close[0]}'?)" if close else ""
   return ConfigError(f"{where}: unknown key '{name}'{hint}")

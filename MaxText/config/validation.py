@@ -27,7 +27,7 @@ def validate(c):
       raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
   if c.per_device_batch_size <= 0:
     raise ConfigError(f"per_device_batch_size={c.per_device_batch_size} must be > 0")
-  for name in ("eval_interval", "grain_worker_count", "skip_first_n_steps_for_profiler", "data_prefetch_depth"):
+  for name in ("grain_worker_count", "skip_first_n_steps_for_profiler", "data_prefetch_depth"):
     if getattr(c, name) < 0:
       raise ConfigError(f"{name}={getattr(c, name)} must be >= 0")
   for name in ("eval_steps", "checkpoint_period", "grain_max_pieces_per_document", "profiler_steps"):
@@ -44,6 +44,7 @@ def validate(c):
     )
   if c.dataset_type == "tfds" and not (c.dataset_path and c.dataset_name):
     raise ConfigError("dataset_type=tfds needs dataset_path and dataset_name")
+  _validate_hf(c)
   if c.amax_history_len < 1:
     raise ConfigError(f"amax_history_len={c.amax_history_len} must be >= 1")
   _validate_nvfp4_options(c)
@@ -102,6 +103,31 @@ def _validate_nvfp4_options(c):
       f"{c.nvfp4_backward_override}: the backward doesn't quantize gradients; use nvfp4_4over6=all, "
       "weights or activations, or nvfp4_backward_override=none"
     )
+
+
+def _validate_hf(c):
+  """dataset_type=hf as MaxText checks it, and what this pipeline reads (text, in the training process)."""
+  if c.dataset_type != "hf":
+    return
+  if not c.hf_path:
+    raise ConfigError(
+      "dataset_type=hf needs hf_path: a Hub dataset (allenai/c4) or a file builder (parquet, json, arrow, csv, text) "
+      "with hf_train_files"
+    )
+  if c.grain_worker_count > 0:
+    raise ConfigError(
+      f"dataset_type=hf streams its documents in the training process: grain_worker_count={c.grain_worker_count} "
+      "must be 0 (MaxText allows at most 1 reader too)"
+    )
+  if c.grain_record_format != "text":
+    raise ConfigError("dataset_type=hf reads text and tokenizes it: grain_record_format must be text")
+  if c.eval_interval > 0 and not (c.hf_eval_split or c.hf_eval_files):
+    raise ConfigError(
+      f"eval_interval={c.eval_interval} with dataset_type=hf needs hf_eval_split or hf_eval_files (MaxText's rule); "
+      "or set eval_interval=-1"
+    )
+  if len(c.train_data_columns) != 1:
+    raise ConfigError(f"train_data_columns={c.train_data_columns} must name one column (the documents' text)")
 
 
 def _validate_ranges_across_keys(c):

@@ -1,6 +1,6 @@
 """Input pipelines behind one interface: an iterator of Batch, chosen by dataset_type."""
 
-from MaxText.data.batch import Batch, DataIterator
+from MaxText.data.batch import Batch, DataIterator, FirstBatchRepeated
 from MaxText.data import grain_pipeline
 from MaxText.data.grain_pipeline import DataError
 from MaxText.data.synthetic import SyntheticIterator
@@ -13,21 +13,23 @@ def make_iterator(cfg, run_shape, process_index=0, process_count=1) -> DataItera
   The eval split is checked here too (its files, and that it yields tokens), so bad eval data fails
   before training, not at the first eval.
   """
-  if cfg.dataset_type != "synthetic" and cfg.eval_interval:
+  if cfg.dataset_type != "synthetic" and cfg.eval_interval > 0:
     eval_iter = make_eval_iterator(cfg, run_shape, process_index, process_count)
     if eval_iter is not None:
       eval_iter.close()
   if cfg.dataset_type == "synthetic":
-    return SyntheticIterator(
+    iterator = SyntheticIterator(
       cfg, run_shape.global_batch_size, seed=cfg.seed, process_index=process_index, process_count=process_count
     )
-  return grain_pipeline.GrainIterator(
-    cfg,
-    grain_pipeline.train_source(cfg),
-    run_shape.global_batch_size // process_count,
-    process_index=process_index,
-    process_count=process_count,
-  )
+  else:
+    iterator = grain_pipeline.GrainIterator(
+      cfg,
+      grain_pipeline.train_source(cfg),
+      run_shape.global_batch_size // process_count,
+      process_index=process_index,
+      process_count=process_count,
+    )
+  return FirstBatchRepeated(iterator) if cfg.reuse_example_batch else iterator
 
 
 def make_eval_iterator(cfg, run_shape, process_index=0, process_count=1):

@@ -34,3 +34,27 @@ class DataIterator(abc.ABC):
 
   def close(self) -> None:
     """Release worker processes and buffers (also done when the iterator is garbage collected)."""
+
+
+class FirstBatchRepeated(DataIterator):
+  """MaxText's reuse_example_batch: the first batch of `inner`, read once and returned at every step (performance
+  testing without the input pipeline). Its position is the inner iterator's before that batch, so a resumed run
+  reads the same batch again."""
+
+  def __init__(self, inner: DataIterator):
+    self._inner, self._start, self._batch = inner, inner.get_state(), None
+
+  def __next__(self) -> Batch:
+    if self._batch is None:
+      self._batch = next(self._inner)
+    return self._batch
+
+  def get_state(self) -> dict:
+    return {"reused_batch_at": self._start}
+
+  def set_state(self, state: dict) -> None:
+    self._inner.set_state(state["reused_batch_at"])
+    self._start, self._batch = state["reused_batch_at"], None
+
+  def close(self) -> None:
+    self._inner.close()

@@ -17,6 +17,7 @@ import grain.experimental as grain_exp
 import numpy as np
 
 from MaxText.data import tokenizers
+from MaxText.data.hf_source import HFSplit
 from MaxText.data.batch import Batch, DataIterator
 from MaxText.data.records import DataError, array_record_source, reason, tfds_source
 
@@ -181,13 +182,13 @@ class GrainIterator(DataIterator):
     if cfg.grain_record_format == "text":
       tokenizer = tokenizers.load(cfg.tokenizer_type, cfg.tokenizer_path, cfg.vocab_size)
     length = cfg.max_target_length
-    documents = _Documents(
-      records,
-      _Tokenize(records, tokenizer, length, cfg.grain_max_pieces_per_document),
-      seed=cfg.seed,
-      train=train,
-      process_index=process_index,
-      process_count=process_count,
+    tokenize = _Tokenize(records, tokenizer, length, cfg.grain_max_pieces_per_document)
+    reading = dict(seed=cfg.seed, train=train, process_index=process_index, process_count=process_count)
+    # Random-access records (ArrayRecord, TFDS) are sliced and shuffled here; a streamed source brings its own.
+    documents = (
+      records.documents(tokenize, **reading)
+      if hasattr(records, "documents")
+      else _Documents(records, tokenize, **reading)
     )
     documents.check_has_tokens()
     ds = grain_exp.FlatMapIterDataset(documents, _Split(length, max_fan_out=cfg.grain_max_pieces_per_document))
@@ -198,6 +199,7 @@ class GrainIterator(DataIterator):
         num_packing_bins=PACKING_BINS,
         seed=cfg.seed,
         shuffle_bins=train,
+        max_sequences_per_bin=cfg.max_segments_per_seq if cfg.max_segments_per_seq > 0 else None,
       )
     else:  # one piece per row: the model then attends causally with no per-document mask
       ds = ds.map(_PadPiece(length))
@@ -288,6 +290,8 @@ def _jsonable(value):
 
 
 def train_source(cfg):
+  if cfg.dataset_type == "hf":
+    return HFSplit(cfg, files=cfg.hf_train_files, split=cfg.train_split, what="train_split")
   if cfg.dataset_type == "tfds":
     return tfds_source(cfg, cfg.train_split, "train_split")
   return array_record_source(cfg.grain_train_files, "grain_train_files", cfg.grain_record_format, cfg.vocab_size)
@@ -295,6 +299,9 @@ def train_source(cfg):
 
 def eval_source(cfg):
   """The eval split's records, or None when the config names none."""
+  if cfg.dataset_type == "hf":
+    split = "train" if cfg.hf_eval_files else cfg.hf_eval_split  # data_files land in the "train" split (MaxText)
+    return HFSplit(cfg, files=cfg.hf_eval_files, split=split, what="hf_eval_split") if split else None
   if cfg.dataset_type == "tfds":
     return tfds_source(cfg, cfg.eval_split, "eval_split") if cfg.eval_split else None
   return (

@@ -15,6 +15,7 @@ import pathlib
 import grain
 import numpy as np
 
+from MaxText import storage
 from MaxText.errors import UserError
 
 # int32 ids below 2^24 have a NUL high byte: a quarter of their bytes or more. Text has none.
@@ -121,6 +122,7 @@ class Records:
 def array_record_source(pattern, what, record_format, vocab_size):
   """Records of every shard `pattern` matches; DataError for no match, a damaged or empty shard, a format
   other than the one metadata.json (or the first record) says."""
+  storage.check_local_shards(pattern, what)
   paths = sorted(glob.glob(pattern)) if pattern else []
   if not paths:
     raise DataError(f"{what}={pattern!r} matches no files; run scripts/prepare_data.py or fix the glob")

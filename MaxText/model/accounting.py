@@ -148,6 +148,11 @@ def amax_history_bytes(cfg) -> float:
   return 2 * cfg.base_num_decoder_layers * DENSE_PER_LAYER * 3 * precision.amax_history_len(cfg) * 4
 
 
+def optimizer_slots(cfg) -> int:
+  """f32 values the optimizer keeps per parameter: Adam's mu and nu (adamw, adam_pax), none for sgd."""
+  return 0 if cfg.opt_type == "sgd" else 2
+
+
 def memory_per_device(cfg, mesh_sizes, micro_batch_size) -> MemoryEstimate:
   """Parameters, f32 gradients and AdamW state (mu, nu in f32) per device, plus activations and FP8 delayed
   scaling's amax histories.
@@ -163,7 +168,7 @@ def memory_per_device(cfg, mesh_sizes, micro_batch_size) -> MemoryEstimate:
   n = param_count(cfg)
   params = n * BYTES[cfg.weight_dtype] / shards
   grads = n * 4 / shards
-  optimizer = n * 2 * 4 / shards
+  optimizer = n * optimizer_slots(cfg) * 4 / shards
   batch_shards = mesh_sizes.get("data", 1) * mesh_sizes.get("fsdp", 1)
   per_device_micro = max(micro_batch_size / batch_shards, 1e-9)
   activations = activation_bytes(cfg, per_device_micro) / mesh_sizes.get("context", 1)

@@ -109,6 +109,7 @@ class Transformer(nnx.Module):
     self.scan_layers = cfg.scan_layers
     self.remat_policy = cfg.remat_policy
     self.dtype = dtype
+    self.logits_dtype = jnp.dtype(jnp.float32) if cfg.logits_dot_in_fp32 else dtype  # the lm head GEMM's operands
     self.num_vocab_tiling = cfg.num_vocab_tiling
 
   def _run_layers(self, x, positions, segment_ids, layer_precisions, key, stats_sinks, kv_cache=None):
@@ -177,8 +178,8 @@ class Transformer(nnx.Module):
     return self.embed.embedding[...].T if self.logits_via_embedding else self.lm_head[...]
 
   def logits(self, x_BxLxD):
-    """The lm head: bf16 (compute dtype) GEMM, f32 logits [B, L, vocab]."""
-    logits = dots.einsum("bld,dv->blv", x_BxLxD, self.head_kernel(), jnp.float32, self.dtype)
+    """The lm head: a GEMM on compute-dtype (bf16) operands, f32 with logits_dot_in_fp32; f32 logits [B, L, vocab]."""
+    logits = dots.einsum("bld,dv->blv", x_BxLxD, self.head_kernel(), jnp.float32, self.logits_dtype)
     return sharding.constrain(logits, LOGITS_AXES)
 
   def __call__(

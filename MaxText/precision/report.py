@@ -27,7 +27,8 @@ def rows(plan: PrecisionPlan, cfg):
       out.append((gemm, f"{start}-{stop - 1}", p.recipe.name or "bf16", backend.name, _quantizers(backend, p)))
   last = f"0-{cfg.base_num_decoder_layers - 1}"
   out.append(("attention core (QK^T, PV)", last, "bf16", "bf16", "-"))
-  out.append(("lm_head", "-", "bf16", "bf16", "-"))
+  head = "f32" if cfg.logits_dot_in_fp32 else "bf16"  # logits_dot_in_fp32
+  out.append(("lm_head", "-", head, head, "-"))
   return out
 
 

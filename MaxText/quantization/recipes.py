@@ -164,7 +164,9 @@ RECIPES = {
     " no element saturates); no RHT, SR or 2D tiles",
   ),
 }
-ALIASES = {"bf16": "", "none": ""}
+# Other names of recipes. fp8 is MaxText's quantization=fp8: Flax's Fp8DirectDotGeneralOp, per-tensor FP8 with
+# delayed scaling (a 1024-step amax history, its max), E4M3 forward / E5M2 gradients.
+ALIASES = {"bf16": "", "none": "", "fp8": "te_fp8_delayedscaling"}
 KNOBS = (
   "disable_rht",
   "disable_stochastic_rounding",

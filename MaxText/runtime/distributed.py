@@ -279,7 +279,26 @@ def check_platform(cfg):
       "device(s)); use hardware=cpu, or install jax with CUDA (pip install 'jax[cuda12]') and "
       "check nvidia-smi"
     )
+  if cfg.attention == "cudnn_flash" and not cfg.dry_run:
+    _check_cudnn_attention(devices)
   return devices
+
+
+def _check_cudnn_attention(devices):
+  """attention=cudnn_flash (MaxText's cudnn_flash_te) runs cuDNN's fused attention: an NVIDIA GPU of compute
+  capability 8.0 or newer (Ampere) with cuDNN, known before anything compiles."""
+  device = devices[0]
+  if device.platform != "gpu":
+    raise DistributedError(
+      f"attention=cudnn_flash runs cuDNN's fused attention on an NVIDIA GPU, but jax sees {len(devices)} "
+      f"{device.platform} device(s) here; use attention=dot_product"
+    )
+  capability = getattr(device, "compute_capability", None)
+  if capability and float(capability) < 8.0:
+    raise DistributedError(
+      f"attention=cudnn_flash needs an NVIDIA GPU of compute capability 8.0 or newer for cuDNN's flash attention; "
+      f"{device.device_kind} is {capability}: use attention=dot_product"
+    )
 
 
 def initialize(cfg):

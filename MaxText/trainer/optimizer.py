@@ -1,4 +1,5 @@
-"""AdamW with linear warmup and cosine decay, global-norm clipping; f32 master weights."""
+"""The optimizer (opt_type: AdamW, Praxis' Adam, SGD) with linear warmup and cosine decay, global-norm clipping; f32
+master weights."""
 
 import optax
 
@@ -17,13 +18,28 @@ def learning_rate_schedule(cfg):
 
 
 def make_optimizer(cfg):
-  """The optax transformation for `cfg` (clipping first, then AdamW with the schedule)."""
+  """The optax transformation for `cfg`: clipping first, then opt_type with the schedule (MaxText's get_optimizer).
+
+  adam_pax is Praxis' Adam as MaxText has it: mu and nu updated with bias-corrected decay rates, then
+  mu / (sqrt(nu + eps_root) + eps) plus weight_decay x param, times -lr. The bias-corrected rates make its moments
+  Adam's bias-corrected ones, so the update is optax.adamw's (scale_by_adam, add_decayed_weights, the learning rate)
+  up to rounding. sgd is optax.sgd: no momentum, no weight decay.
+  """
   chain = []
   if cfg.gradient_clipping_threshold > 0:
     chain.append(optax.clip_by_global_norm(cfg.gradient_clipping_threshold))
-  chain.append(
-    optax.adamw(
-      learning_rate_schedule(cfg), b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps, weight_decay=cfg.adam_weight_decay
+  schedule = learning_rate_schedule(cfg)
+  if cfg.opt_type == "sgd":
+    chain.append(optax.sgd(schedule))
+  else:
+    chain.append(
+      optax.adamw(
+        schedule,
+        b1=cfg.adam_b1,
+        b2=cfg.adam_b2,
+        eps=cfg.adam_eps,
+        eps_root=cfg.adam_eps_root,
+        weight_decay=cfg.adam_weight_decay,
+      )
     )
-  )
   return optax.chain(*chain)

@@ -7,7 +7,8 @@ import os
 import jax
 import numpy as np
 
-from MaxText import precision
+from MaxText import precision, storage
+from MaxText.config.models import definition as model_definition
 from MaxText.model import accounting
 from MaxText.model.decoder import abstract_model
 from MaxText.runtime import sharding
@@ -36,6 +37,8 @@ def planned_devices(cfg, local_count):
   dcn = [getattr(cfg, f"dcn_{a}_parallelism") for a in sharding.MESH_AXES]
   processes = int(np.prod(dcn)) if -1 not in dcn else 1
   if cfg.num_devices > 0:
+    if -1 in dcn and -1 not in ici and cfg.num_devices % int(np.prod(ici)) == 0:
+      processes = cfg.num_devices // int(np.prod(ici))  # the nodes a job of num_devices has, ici devices each
     return cfg.num_devices, processes
   if -1 not in ici + dcn:
     return int(np.prod(ici) * np.prod(dcn)), processes
@@ -50,20 +53,34 @@ def sharding_plan(cfg, plan, num_devices, num_processes):
   return mesh_sizes
 
 
+def model_line(cfg):
+  """'llama3-8b', 'llama3-8b with base_num_decoder_layers=4 (override_model_config)' or 'default (...)'."""
+  model = model_definition(cfg.model_name)
+  if model is None:
+    return (
+      f"default (the config's: width {cfg.base_emb_dim}, {cfg.base_num_decoder_layers} layers, "
+      f"{cfg.base_num_query_heads}/{cfg.base_num_kv_heads} heads of {cfg.head_dim}, MLP {cfg.base_mlp_dim}, "
+      f"vocab {cfg.vocab_size})"
+    )
+  changed = [f"{k}={getattr(cfg, k)}" for k, v in model.items() if getattr(cfg, k) != v]
+  return f"{cfg.model_name} with {', '.join(changed)} (override_model_config)" if changed else cfg.model_name
+
+
 def summary(cfg, run_shape, mesh_sizes):
   """(the printed summary, the memory estimate)."""
   flops = accounting.training_flops_per_device(cfg)
   mem = accounting.memory_per_device(cfg, mesh_sizes, run_shape.micro_batch_size)
   mesh_text = " x ".join(f"{a} {n}" for a, n in mesh_sizes.items())
+  optimizer_state = "none: sgd" if cfg.opt_type == "sgd" else f"{cfg.opt_type} mu+nu f32"
   lines = [
-    f"model: {cfg.model_name}",
+    f"model: {model_line(cfg)}",
     f"parameters: {accounting.param_count(cfg)}",
     f"TFLOPs per device per step: {flops.tflops:.2f}",
     f"mesh: {mesh_text} ({run_shape.num_devices} device(s))",
     f"memory per device: {mem.total_gib:.2f} GiB",
     f"  parameters {mem.params / accounting.GIB:.2f} GiB ({cfg.weight_dtype}), gradients "
     f"{mem.grads / accounting.GIB:.2f} GiB (f32), optimizer state {mem.optimizer / accounting.GIB:.2f} GiB "
-    f"(AdamW mu+nu f32), activations ~{mem.activations / accounting.GIB:.2f} GiB "
+    f"({optimizer_state}), activations ~{mem.activations / accounting.GIB:.2f} GiB "
     f"(remat_policy={cfg.remat_policy}, micro-batch {run_shape.micro_batch_size}, estimate)"
     + (f", amax histories {mem.amax_history / accounting.GIB:.2f} GiB" if mem.amax_history else ""),
     f"global batch: {run_shape.global_batch_size} sequences x {cfg.max_target_length} tokens "
@@ -112,19 +129,40 @@ def run_dir(cfg):
     return os.path.join(cfg.base_output_directory, cfg.run_name)
   stamp = os.path.join(cfg.base_output_directory, datetime.datetime.now().strftime("run_%Y%m%d_%H%M%S"))
   path, n = stamp, 1
-  while os.path.exists(path):
+  while storage.exists(path):
     path, n = f"{stamp}_{n}", n + 1
   return path
+
+
+def check_storage(cfg):
+  """Every URL the run writes or reads can be served here (its scheme's package installed, a library that writes
+  it): one line before anything is written."""
+  if storage.is_remote(cfg.base_output_directory):
+    storage.filesystem(cfg.base_output_directory, "base_output_directory")
+  if cfg.enable_checkpointing:
+    storage.check_checkpoint_path(cfg.base_output_directory, "base_output_directory")
+  for key in ("load_parameters_path", "load_full_state_path"):
+    if getattr(cfg, key):
+      storage.check_checkpoint_path(getattr(cfg, key), key)
+  if cfg.enable_tensorboard:
+    storage.check_tensorboard_path(cfg.base_output_directory, "base_output_directory")
+  if cfg.dataset_type in ("grain", "tfds"):
+    for key in ("grain_train_files", "grain_eval_files", "dataset_path"):
+      storage.check_local_shards(getattr(cfg, key), key)
+  if cfg.profiler and storage.is_remote(cfg.base_output_directory):
+    raise UserError(
+      f"profiler={cfg.profiler} writes its trace and summary into the run directory, which must be local here "
+      f"(base_output_directory={cfg.base_output_directory}); profile with a local base_output_directory"
+    )
 
 
 def check_writable(out_dir):
   """The run directory exists (created) and takes files: a clear error now, not after compiling."""
   try:
-    os.makedirs(out_dir, exist_ok=True)
+    storage.makedirs(out_dir)
     probe = os.path.join(out_dir, ".write_test")
-    with open(probe, "w", encoding="utf-8"):
-      pass
-    os.remove(probe)
+    storage.write_text(probe, "")
+    storage.remove(probe)
   except OSError as e:
     raise UserError(
       f"can't write the run directory {out_dir} ({e.strerror or e}); set base_output_directory to a writable directory"

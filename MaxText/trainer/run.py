@@ -1,5 +1,7 @@
 """A training run from start to end: join the job, plan (preflight), build the run, loop, close."""
 
+import contextlib
+
 import jax
 
 from MaxText import precision
@@ -10,13 +12,20 @@ from MaxText.trainer import preflight, run_setup
 from MaxText.trainer.loop import Loop, NonFiniteLoss
 
 
+def matmul_precision(cfg):
+  """MaxText's matmul_precision for every matmul the run traces (f32 operands: TF32 or full f32 on a GPU)."""
+  if cfg.matmul_precision in ("default", "bfloat16"):
+    return contextlib.nullcontext()
+  return jax.default_matmul_precision("highest" if cfg.matmul_precision == "float32" else cfg.matmul_precision)
+
+
 def train(cfg):
   """Train per `cfg`; returns the per-step losses of the steps this invocation ran.
 
   SIGTERM and SIGINT from here on are clean stops: before the loop, nothing trained; in it, after a
   checkpoint (runtime/preemption.py). `preemption.requested()` tells the caller afterwards.
   """
-  with preemption.installed():
+  with preemption.installed(), matmul_precision(cfg):
     process_index, process_count = distributed.initialize(cfg)
     devices = jax.devices()
     num_devices, num_processes = (
@@ -29,6 +38,7 @@ def train(cfg):
     if cfg.dry_run:
       return []
     preflight.check_memory(cfg, mem, devices)
+    preflight.check_storage(cfg)
     out_dir = preflight.run_dir(cfg)
     preflight.check_writable(out_dir)
     compile_cache.configure(cfg.jax_cache_dir)

@@ -4,7 +4,6 @@ the hooks the loop calls (metrics, eval, checkpoints, profiler, stops), gathered
 import dataclasses
 import json
 import os
-import pathlib
 import typing
 
 import jax
@@ -13,7 +12,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from MaxText import checkpointing, data
+from MaxText import checkpointing, data, storage
 from MaxText.checkpointing import parameters
 from MaxText.errors import UserError
 from MaxText.model import accounting
@@ -139,19 +138,23 @@ def _restore_position(data_iter, data_state, process_index, dataset_type):
 
 def _refuse_second_run(cfg, out_dir):
   """A run directory holding another run's metrics, with nothing to resume from, is not appended to."""
-  path = pathlib.Path(out_dir) / "metrics.jsonl"
+  size = storage.size_if_file(os.path.join(out_dir, "metrics.jsonl"))
   resumable = cfg.enable_checkpointing or cfg.load_full_state_path
-  if not resumable and path.is_file() and path.stat().st_size > 0:
+  if not resumable and size:
     raise UserError(
-      f"run directory {out_dir} already holds the metrics of an earlier run ({path.name}) and "
+      f"run directory {out_dir} already holds the metrics of an earlier run (metrics.jsonl) and "
       "enable_checkpointing=false leaves nothing to resume; pick another run_name (or delete the "
       "directory to start over)"
     )
 
 
 def _own_directory(cfg, out_dir, process_index):
-  """The run directory's lock (process 0 holds it for the job), taken before anything is written."""
+  """The run directory's lock (process 0 holds it for the job), taken before anything is written. Object storage
+  (gs://, s3://) has no lock: there, as in MaxText, one run per run_name is the user's to keep."""
   if process_index != 0:
+    return None
+  if storage.is_remote(out_dir):
+    _refuse_second_run(cfg, out_dir)
     return None
   lock = run_lock.RunLock(out_dir).acquire()
   try:

@@ -46,7 +46,7 @@ def loss_terms(model, batch, layer_precisions, key, stats_sinks=None):
   )
   if model.num_vocab_tiling > 1:
     xent_sum = vocab_tiling.xent_sum(
-      x, model.head_kernel(), batch["targets"], batch["weights"], model.num_vocab_tiling, model.dtype
+      x, model.head_kernel(), batch["targets"], batch["weights"], model.num_vocab_tiling, model.logits_dtype
     )
   else:
     xent = optax.softmax_cross_entropy_with_integer_labels(model.logits(x), batch["targets"])
@@ -127,7 +127,7 @@ class StepFunctions:
     self.cfg, self.graphdef, self.tx, self.state_shardings = cfg, graphdef, tx, state_shardings
     self.plans = {False: plan, True: precision.plan_from_config(cfg, high_precision=True)}
     self._compiled = {}
-    self.eval_step = make_eval_step(graphdef, plan) if cfg.eval_interval else None
+    self.eval_step = make_eval_step(graphdef, plan) if cfg.eval_interval > 0 else None
 
   def for_step(self, step):
     """(plan, jitted step function) for `step`."""

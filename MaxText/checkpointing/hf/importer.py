@@ -75,9 +75,14 @@ def write_params(hf, cfg, state_dir, log=print):
 
 
 def config_yml(keys, out_dir, hf_dir, load_path, tokenizer):
-  """The text of OUT_DIR/config.yml: the model, where its parameters and tokenizer are."""
+  """The text of OUT_DIR/config.yml: the model, where its parameters and tokenizer are.
+
+  The model keys are always written out (config.json is the truth about the weights); model_name names the model
+  whose definition they equal (e.g. llama3.1-8b for Meta's Llama-3.1-8B), else it is left at default."""
+  defaults = {n: k.default for n, k in config_lib.SCHEMA.items()}
+  named = config_lib.models.matching({**defaults, **keys})
   body = {
-    "model_name": pathlib.Path(hf_dir).name,
+    **({"model_name": named} if named else {}),
     **keys,
     "max_target_length": min(2048, int(keys.pop("max_target_length", 2048))),
     "load_parameters_path": str(load_path),

@@ -3,11 +3,10 @@
 import contextlib
 import json
 import os
-import pathlib
 
 import jax
 
-from MaxText import precision
+from MaxText import precision, storage
 from MaxText.errors import UserError
 from MaxText.trainer.loop import Hook
 
@@ -27,14 +26,12 @@ def step_line(step, seconds, tflops_per_device, tokens_per_device, total_weights
 def _drop_rows_from(path, first_step):
   """Rewrite metrics.jsonl without rows of steps >= first_step: a resumed run writes those steps again, so the
   file holds each step once, as the resumed run computed it."""
-  if not path.is_file():
+  if storage.size_if_file(path) is None:
     return
-  lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+  lines = storage.read_text(path).splitlines(keepends=True)
   kept = [l for l in lines if l.strip() and json.loads(l).get("step", -1) < first_step]
   if len(kept) != len(lines):
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)
+    storage.write_text(path, "".join(kept))
 
 
 class MetricsWriter:
@@ -45,19 +42,19 @@ class MetricsWriter:
 
   def __init__(self, run_dir, *, tensorboard=True, flush_period=10, enabled=True, first_step=0):
     self.enabled = enabled  # only the first process writes files in a multi-process job
-    self.run_dir = pathlib.Path(run_dir)
+    self.run_dir = str(run_dir)  # a local path or a URL (MaxText.storage)
     self.tb = None
     if not enabled:
       return
     self.flush_period = flush_period
     with self._reported("open"):
-      self.run_dir.mkdir(parents=True, exist_ok=True)
-      _drop_rows_from(self.run_dir / "metrics.jsonl", first_step)
-      self.jsonl = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+      storage.makedirs(self.run_dir)
+      _drop_rows_from(os.path.join(self.run_dir, "metrics.jsonl"), first_step)
+      self.jsonl = storage.AppendFile(os.path.join(self.run_dir, "metrics.jsonl"))
     if tensorboard:
       from tensorboardX import SummaryWriter  # imported here: optional for library users
 
-      self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+      self.tb = SummaryWriter(os.path.join(self.run_dir, "tensorboard"))
 
   @contextlib.contextmanager
   def _reported(self, what):
