@@ -105,3 +105,20 @@ def test_llama31_rope_scaling_keeps_high_and_scales_low_frequencies():
   scaled = attention.rope_frequencies(128, 500000.0, "llama3.1")
   assert scaled[0] == base[0]  # short wavelengths untouched
   np.testing.assert_allclose(scaled[-1], base[-1] / 8.0, rtol=1e-6)  # long wavelengths / factor
+
+
+def test_fused_mlp_is_the_unfused_model_with_gate_and_up_in_one_kernel():
+  """fused_mlp (MaxText's [emb, 2, mlp] kernel, one GEMM): the same logits as the unfused model holding the same
+  gate and up columns."""
+  unfused = Transformer(_cfg("remat_policy=none"), rngs=nnx.Rngs(0))
+  fused = Transformer(_cfg("remat_policy=none", "fused_mlp=true"), rngs=nnx.Rngs(1))
+  params = nnx.to_pure_dict(nnx.state(unfused, nnx.Param))
+  mlp = params["layers"]["mlp"]
+  mlp["gate_up"] = {"kernel": jnp.stack([mlp.pop("gate")["kernel"], mlp.pop("up")["kernel"]], axis=-2)}
+  state = nnx.state(fused, nnx.Param)
+  assert state["layers"]["mlp"]["gate_up"]["kernel"].shape == (2, 32, 2, 48) and "gate" not in state["layers"]["mlp"]
+  nnx.replace_by_pure_dict(state, params)
+  nnx.update(fused, state)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 12)))
+  with jax.default_matmul_precision("highest"):
+    np.testing.assert_allclose(np.asarray(fused(tokens)), np.asarray(unfused(tokens)), rtol=1e-5, atol=1e-5)

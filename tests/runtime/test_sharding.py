@@ -44,12 +44,18 @@ def test_param_specs_and_block_checks():
   assert flat["layers/mlp/gate/kernel"] == P(None, "fsdp", "tensor")
   assert flat["layers/mlp/down/kernel"] == P(None, "tensor", "fsdp")
   assert flat["embed/embedding"] == P("tensor", "fsdp") and flat["final_norm/scale"] == P(None)
+  _, fused, _ = abstract_model(_cfg("fused_mlp=true"))
+  fused_specs = sharding.param_specs(fused, {"data": 1, "fsdp": 4, "context": 1, "tensor": 2})
+  # fused_mlp's [layers, embed, 2, mlp]: gate and up of the same mlp columns on the same device
+  assert fused_specs["layers"]["mlp"]["gate_up"]["kernel"] == P(None, "fsdp", None, "tensor")
   with pytest.raises(sharding.ShardingError, match="dimension embed of size 64 can't be split"):
     sharding.param_specs(params, {"fsdp": 3})
   cfg = _cfg("base_mlp_dim=96")
   with pytest.raises(sharding.ShardingError, match="a shard holds 24 of its mlp dimension .* 16-element"):
     sharding.check_quantization_blocks(cfg, {"tensor": 4}, {"gate": 16})
   sharding.check_quantization_blocks(cfg, {"tensor": 4}, {"gate": 1})  # BF16 has no blocks
+  with pytest.raises(sharding.ShardingError, match="a shard holds 24 of its mlp dimension"):
+    sharding.check_quantization_blocks(_cfg("base_mlp_dim=96", "fused_mlp=true"), {"tensor": 4}, {"up": 16})
   with pytest.raises(sharding.ShardingError, match="leaves 8 tokens of each sequence per shard"):
     sharding.check_quantization_blocks(_cfg(), {"context": 4}, {"down": 16})
 
