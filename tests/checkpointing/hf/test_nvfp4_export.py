@@ -297,6 +297,11 @@ def test_refusals_are_one_line_and_write_nothing(hf_tiny_import, checkpoints, tm
   assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
 
 
+def test_the_export_is_not_imported_back(exports, tmp_path, capsys):
+  assert convert_hf.main(["to-maxtext", str(exports["fused"][1]), str(tmp_path / "back")]) == 2
+  assert "a quantized checkpoint (quantization_config quant_method='modelopt')" in capsys.readouterr().err
+
+
 def test_calibration_batches_without_nvfp4_is_refused(hf_tiny_import, tmp_path, capsys):
   argv = ["to-hf", str(hf_tiny_import / "config.yml"), str(tmp_path / "out"), "--calibration-batches", "4"]
   assert convert_hf.main(argv) == 2
