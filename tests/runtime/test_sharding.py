@@ -65,6 +65,8 @@ MESHES = {
   "fsdp8": [],
   "fsdp4_tensor2": ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"],
   "fsdp2_context2_tensor2": ["ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"],
+  # fused_mlp's [embed, 2, mlp] kernel with mlp split over tensor (its reference trains fused on one device)
+  "fsdp4_tensor2_fused": ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2", "fused_mlp=true"],
 }
 SCRIPT = r"""
 import json, sys
@@ -133,14 +135,17 @@ def _train_on_cpu(tmp_path, runs, devices):
 def _run_meshes(tmp_path, runs):
   out = _train_on_cpu(tmp_path, runs, 8)
   assert out.pop("gemm_identical")
-  # One device, the same global batch of 8 sequences.
-  recipes = {label.split("/")[0] for label in out}
-  references = _train_on_cpu(
-    tmp_path, {f"{r}/one_device": ("" if r == "bf16" else r, ["per_device_batch_size=8"]) for r in recipes}, 1
-  )
+  # One device, the same global batch of 8 sequences (fused_mlp where the mesh's run is fused).
+  fused = lambda label: label.endswith("_fused")
+  recipes = {(label.split("/")[0], fused(label)) for label in out}
+  one_device = {
+    f"{r}/one_device{'_fused' * f}": ("" if r == "bf16" else r, ["per_device_batch_size=8"] + ["fused_mlp=true"] * f)
+    for r, f in recipes
+  }
+  references = _train_on_cpu(tmp_path, one_device, 1)
   for label, losses in out.items():
     recipe = label.split("/")[0]
-    reference = references[f"{recipe}/one_device"]
+    reference = references[f"{recipe}/one_device{'_fused' * fused(label)}"]
     assert len(reference) == 3 and reference[-1] < reference[0]
     # f32 compute: only the order of reductions differs between meshes. In NVFP4 such a last-bit
     # difference can move an element across a 4-bit rounding boundary, which later steps amplify
