@@ -1,15 +1,20 @@
 """Hugging Face Llama checkpoints in and out:
 
-python -m MaxText.convert_hf to-maxtext HF_DIR OUT_DIR [--direct]
+python -m MaxText.convert_hf to-maxtext HF_DIR OUT_DIR [--direct] [--fused-mlp]
     HF_DIR (config.json, *.safetensors, tokenizer.json) -> OUT_DIR/config.yml, OUT_DIR/checkpoints/0 (the
     parameters, streamed) and OUT_DIR/hf (the tokenizer and config files); `python train.py OUT_DIR/config.yml`
     continues from the published weights. --direct writes only config.yml, whose load_parameters_path is HF_DIR:
-    the trainer then reads each device's slices straight from the safetensors (no conversion).
+    the trainer then reads each device's slices straight from the safetensors (no conversion). --fused-mlp joins
+    gate_proj and up_proj into one kernel (config.yml sets fused_mlp: true).
 python -m MaxText.convert_hf to-hf CONFIG_OR_RUN_DIR OUT_DIR [--dtype bfloat16|float32]
-    [--max-shard-size BYTES] [key=value ...]
+    [--max-shard-size BYTES] [--nvfp4 [--calibration-batches N]] [key=value ...]
     a config's parameters (its run's newest checkpoint, else its load_parameters_path) or a run directory's newest
     checkpoint -> OUT_DIR: config.json, sharded *.safetensors with model.safetensors.index.json,
     generation_config.json and the tokenizer (default dtype bfloat16, as Llama is published).
+    --nvfp4: an NVFP4 run (te_nvfp4, te_nvfp4_no_rht) in NVIDIA ModelOpt's NVFP4 layout, as vLLM and TensorRT-LLM
+    load it: the MLP projections its plan ran in NVFP4 as its forward pass's codes and scales (packed E2M1, E4M3
+    block scales, global scale), input_scale from the activation amax over N batches of the config's data (default
+    32) run through the trained model, the rest in bf16; hf_quant_config.json and config.json's quantization_config.
 """
 
 import argparse
@@ -20,8 +25,11 @@ import sys
 from MaxText import checkpointing, config as config_lib
 from MaxText.checkpointing import parameters
 from MaxText.errors import UserError
-from MaxText.checkpointing.hf import HFError, exporter, importer
+from MaxText.quantization.errors import QuantizationError
+from MaxText.checkpointing.hf import HFError, exporter, importer, nvfp4_export
 from MaxText.checkpointing.hf.checkpoint import is_hf_dir
+from MaxText.checkpointing.hf.output_dir import check_output_dir
+from MaxText.inference import calibration
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,11 +49,16 @@ def _parser():
   to_maxtext.add_argument("hf_dir")
   to_maxtext.add_argument("out_dir")
   to_maxtext.add_argument("--direct", action="store_true", help="write config.yml only; the trainer reads HF_DIR")
+  to_maxtext.add_argument("--fused-mlp", action="store_true", help="gate and up as one kernel (fused_mlp: true)")
   to_hf = sub.add_parser("to-hf", help="export parameters as a Hugging Face Llama checkpoint")
   to_hf.add_argument("source", metavar="CONFIG_OR_RUN_DIR")
   to_hf.add_argument("out_dir")
   to_hf.add_argument("--dtype", default="bfloat16", choices=sorted(exporter.DTYPES))
   to_hf.add_argument("--max-shard-size", type=int, default=exporter.DEFAULT_MAX_SHARD_BYTES, metavar="BYTES")
+  to_hf.add_argument("--nvfp4", action="store_true", help="ModelOpt NVFP4 MLPs, the training forward's codes")
+  to_hf.add_argument(
+    "--calibration-batches", type=int, default=None, metavar="N", help="--nvfp4: batches measuring input_scale (32)"
+  )
   to_hf.add_argument("overrides", nargs="*", metavar="key=value")
   return parser
 
@@ -95,6 +108,20 @@ def export_source(source, overrides=()):
   return cfg, step_dir
 
 
+def export_nvfp4(args, log=print):
+  """to-hf --nvfp4: the run's recipe checked, the activation amax calibrated, then the export."""
+  if args.dtype != "bfloat16":
+    raise HFError(f"--nvfp4 writes its unquantized tensors in bfloat16; drop --dtype {args.dtype}")
+  cfg, step_dir = export_source(args.source, args.overrides)
+  nvfp4_export.nvfp4_layers(cfg)  # a recipe that isn't NVFP4 is refused before any work
+  check_output_dir(args.out_dir)
+  batches = calibration.DEFAULT_BATCHES if args.calibration_batches is None else args.calibration_batches
+  input_amax, description = calibration.calibrate(cfg, step_dir, batches, log=log)
+  nvfp4_export.export(
+    cfg, step_dir, args.out_dir, input_amax, description, max_shard_bytes=args.max_shard_size, log=log
+  )
+
+
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -104,11 +131,15 @@ def main(argv=None):
   try:
     args = _parser().parse_args(argv)
     if args.command == "to-maxtext":
-      importer.import_checkpoint(args.hf_dir, args.out_dir, direct=args.direct)
+      importer.import_checkpoint(args.hf_dir, args.out_dir, direct=args.direct, fused_mlp=args.fused_mlp)
+    elif args.nvfp4:
+      export_nvfp4(args)
     else:
+      if args.calibration_batches is not None:
+        raise HFError("--calibration-batches applies to --nvfp4 exports only")
       cfg, step_dir = export_source(args.source, args.overrides)
       exporter.export(cfg, step_dir, args.out_dir, dtype=args.dtype, max_shard_bytes=args.max_shard_size)
-  except (UserError, config_lib.ConfigError, checkpointing.CheckpointError) as e:
+  except (UserError, config_lib.ConfigError, checkpointing.CheckpointError, QuantizationError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   return 0

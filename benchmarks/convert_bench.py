@@ -1,7 +1,7 @@
 """Import and export of a Llama-shaped checkpoint of random weights: peak host memory and speed.
 
     python benchmarks/convert_bench.py [--dir /tmp/convert_bench] [--layers 16 --emb 2048 --mlp 8192 --heads 32
-                                        --kv-heads 8 --head-dim 64 --vocab 128256] [--shard-gb 1] [--keep]
+                                        --kv-heads 8 --head-dim 64 --vocab 128256] [--shard-gb 1] [--nvfp4] [--keep]
 
 Writes a bf16 Hugging Face checkpoint of that shape (default: Llama 3.2 1B's, with an untied lm head: 1.50B
 parameters, 3.0 GB, in 1 GB shards with the index), then runs, each in a fresh process, the import
@@ -9,7 +9,9 @@ parameters, 3.0 GB, in 1 GB shards with the index), then runs, each in a fresh p
 reports the peak resident memory above the process's baseline (VmHWM after the peak is reset once jax, Orbax and
 tensorstore are imported, minus VmRSS then) as a fraction of the checkpoint's size, and GB/s (checkpoint bytes
 over wall seconds). Page-cache reads are not resident memory of the process: the figure is what the conversion
-itself holds.
+itself holds. --nvfp4 also exports the imported checkpoint as a te_nvfp4 run with `to-hf --nvfp4` (input_scale
+calibrated on 2 synthetic batches of 256 tokens, which loads the model in f32 for that forward pass) and prints the
+size of its safetensors against the bf16 export's.
 """
 
 import argparse
@@ -113,6 +115,7 @@ def main():
   parser.add_argument("--head-dim", type=int, default=64)
   parser.add_argument("--vocab", type=int, default=128256)
   parser.add_argument("--shard-gb", type=float, default=1.0)
+  parser.add_argument("--nvfp4", action="store_true", help="also export with to-hf --nvfp4 (ModelOpt NVFP4 MLPs)")
   parser.add_argument("--keep", action="store_true", help="leave the checkpoints in --dir")
   args = parser.parse_args()
   root = pathlib.Path(args.dir)
@@ -126,10 +129,15 @@ def main():
     flush=True,
   )
   rows = []
-  for name, argv in (
+  steps = [
     ("import (to-maxtext)", ["to-maxtext", str(root / "hf"), str(root / "imported")]),
     ("export (to-hf, bf16)", ["to-hf", str(root / "imported"), str(root / "exported")]),
-  ):
+  ]
+  if args.nvfp4:
+    nvfp4_run = ["quantization=te_nvfp4", "dataset_type=synthetic", "per_device_batch_size=1", "max_target_length=256"]
+    argv = ["to-hf", str(root / "imported"), str(root / "nvfp4"), *nvfp4_run, "--nvfp4", "--calibration-batches", "2"]
+    steps.append(("export (to-hf --nvfp4)", argv))
+  for name, argv in steps:
     r = run_child(argv)
     above = r["peak"] - r["baseline"]
     rows.append((name, above / 1e9, above / size, size / 1e9 / r["seconds"], r["seconds"]))
@@ -142,6 +150,12 @@ def main():
   print(f"|{'-' * 24}|{'-' * 25}|{'-' * 19}|{'-' * 7}|{'-' * 9}|")
   for name, gb, fraction, rate, seconds in rows:
     print(f"| {name:<22} | {gb:>20.3f} GB | {fraction:>17.3f} | {rate:>5.2f} | {seconds:>7.1f} |")
+  if args.nvfp4:
+    sizes = {d: sum(p.stat().st_size for p in (root / d).glob("*.safetensors")) for d in ("exported", "nvfp4")}
+    print(
+      f"\nsafetensors: bf16 export {sizes['exported'] / 1e9:.3f} GB, --nvfp4 export {sizes['nvfp4'] / 1e9:.3f} GB "
+      f"({sizes['nvfp4'] / sizes['exported']:.3f} of bf16)"
+    )
   if not args.keep:
     shutil.rmtree(root)
 

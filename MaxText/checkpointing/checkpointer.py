@@ -96,6 +96,12 @@ def structure_difference(stored_names, template):
   if stored_names == wanted:
     return None
   only_stored, only_wanted = stored_names - wanted, wanted - stored_names
+  fused_stored, fused_wanted = (any(".mlp.gate_up." in n for n in names) for names in (only_stored, only_wanted))
+  if fused_stored != fused_wanted:  # one key changed the whole MLP subtree: name the key
+    return (
+      f"its MLP was trained with fused_mlp={str(fused_stored).lower()} (gate and up as "
+      f"{'one kernel' if fused_stored else 'two kernels'}) and this config has fused_mlp={str(fused_wanted).lower()}"
+    )
   parts = sorted({n.split(".")[0] for n in only_stored | only_wanted})
   what = "; ".join(_STATE_PARTS.get(p, p) for p in parts)
   example = (

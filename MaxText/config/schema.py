@@ -205,6 +205,13 @@ SCHEMA = {
     "normalize_embedding_logits",
   ),
   "mlp_activations": Key(list, ["silu", "linear"], "gated MLP activations: [gate, up]"),
+  "fused_mlp": Key(
+    bool,
+    False,
+    "gate and up as one [emb, 2, mlp] kernel and one GEMM (MaxText's key and layout; parameter "
+    "layers/mlp/gate_up): NVFP4 quantizes them with one global scale, as serving engines' fused gate_up_proj reads "
+    "them (to-hf --nvfp4 then writes the training forward's codes exactly)",
+  ),
   "normalization_layer_epsilon": Key(float, 1e-5, "RMSNorm epsilon"),
   "rope_max_timescale": Key(float, 500000.0, "RoPE base (theta)"),
   "rope_type": Key(str, "default", "RoPE frequencies: default, or llama3.1 scaling", ("default", "llama3.1")),

@@ -14,12 +14,15 @@ class AmaxHistory(nnx.Variable):
   with its gradient (the new history) instead of handing it to the optimizer."""
 
 
-def dense_init():
-  return nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+def dense_init(ndim=2):
+  """Fan-in scaled truncated normal for a kernel [in, *out] of `ndim` axes: the fan-in is the first axis alone."""
+  return nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=0, out_axis=tuple(range(1, ndim)))
 
 
 class Dense(nnx.Module):
-  """y = x . kernel with kernel [in, out] in weight_dtype; every call goes through one dot_general hook.
+  """y = x . kernel with kernel [in, out] in weight_dtype; every call goes through one dot_general hook. An
+  `out_features` tuple makes a kernel [in, *out] (MaxText's fused MLP [embed, 2, mlp]): one GEMM on the kernel viewed
+  as [in, prod(out)], its output [..., *out].
 
   The output is tagged with `remat_name` (MaxText's names: query_proj, mlpwo, ...) for the remat
   policies that save GEMM outputs. The hook is `dot_general(x, kernel, precision, key, stats_sink)`: the quantized
@@ -29,7 +32,10 @@ class Dense(nnx.Module):
   """
 
   def __init__(self, in_features, out_features, *, dtype, weight_dtype, rngs: nnx.Rngs, remat_name, history_len=0):
-    self.kernel = nnx.Param(dense_init()(rngs.params(), (in_features, out_features), weight_dtype))
+    out_features = tuple(out_features) if isinstance(out_features, (tuple, list)) else (out_features,)
+    self.kernel = nnx.Param(
+      dense_init(1 + len(out_features))(rngs.params(), (in_features, *out_features), weight_dtype)
+    )
     self.dtype = dtype
     self.remat_name = remat_name
     if history_len:
@@ -47,6 +53,11 @@ class Dense(nnx.Module):
 
   def _gemm(self, x, precision, key, stats_sink):
     kernel = self.kernel[...]
+    out_shape = kernel.shape[1:]
+    kernel = kernel.reshape(kernel.shape[0], -1)
+    return self._gemm_2d(x, kernel, precision, key, stats_sink).reshape(*x.shape[:-1], *out_shape)
+
+  def _gemm_2d(self, x, kernel, precision, key, stats_sink):
     if precision.recipe.stateful:
       if not hasattr(self, "amax_history"):
         raise ValueError(f"{precision.recipe.name} needs an amax history: build the model with amax_history_len")

@@ -1,4 +1,5 @@
-"""Gated (SwiGLU) MLP: gate, up and down projections, each a Dense GEMM through the precision hook."""
+"""Gated (SwiGLU) MLP: gate, up and down projections, each a Dense GEMM through the precision hook; with fused_mlp
+gate and up are one kernel and one GEMM."""
 
 import jax
 import jax.numpy as jnp
@@ -12,22 +13,38 @@ ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu, "l
 
 
 class MLP(nnx.Module):
-  """down(act0(gate(x)) * act1(up(x)))."""
+  """down(act0(gate(x)) * act1(up(x))).
+
+  fused_mlp (MaxText's key and layout): gate and up are one kernel [emb, 2, mlp] (`gate_up`, [..., 0, :] the gate),
+  multiplied as one GEMM [emb, 2 * mlp] under the gate's precision: one quantization of the pair, so an NVFP4 run
+  has one global scale for both, as the fused gate_up_proj of serving engines reads them.
+  """
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     d, f = cfg.base_emb_dim, cfg.base_mlp_dim
     kw = dict(
       dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs, history_len=amax_history_len(cfg)
     )
-    self.gate = Dense(d, f, remat_name="mlpwi_0", **kw)
-    self.up = Dense(d, f, remat_name="mlpwi_1", **kw)
+    self.fused = cfg.fused_mlp
+    if self.fused:
+      self.gate_up = Dense(d, (2, f), remat_name="mlpwi", **kw)
+    else:
+      self.gate = Dense(d, f, remat_name="mlpwi_0", **kw)
+      self.up = Dense(d, f, remat_name="mlpwi_1", **kw)
     self.down = Dense(f, d, remat_name="mlpwo", **kw)
     self.activations = tuple(cfg.mlp_activations)
 
   def __call__(self, x_BxLxD, precision, key, stats_sinks=None):
     keys = jax.random.split(key, 3) if key is not None else [None] * 3
     sinks = stats_sinks or {}
-    gate = ACTIVATIONS[self.activations[0]](self.gate(x_BxLxD, precision["gate"], keys[0], sinks.get("gate")))
-    up = ACTIVATIONS[self.activations[1]](self.up(x_BxLxD, precision["up"], keys[1], sinks.get("up")))
+    act_gate, act_up = (ACTIVATIONS[a] for a in self.activations)
+    if self.fused:
+      # One GEMM reports its telemetry to both kinds' sinks (the gradient of their sum reaches each).
+      sink = sinks["gate"] + sinks["up"] if "gate" in sinks and "up" in sinks else None
+      gate_up = self.gate_up(x_BxLxD, precision["gate"], keys[0], sink)
+      gate, up = act_gate(gate_up[..., 0, :]), act_up(gate_up[..., 1, :])
+    else:
+      gate = act_gate(self.gate(x_BxLxD, precision["gate"], keys[0], sinks.get("gate")))
+      up = act_up(self.up(x_BxLxD, precision["up"], keys[1], sinks.get("up")))
     hidden = sharding.constrain(gate * up, ("activation_batch", "activation_length", "activation_mlp"))
     return self.down(hidden, precision["down"], keys[2], sinks.get("down"))

@@ -18,13 +18,16 @@ def _quantizers(backend, precision: GemmPrecision):
 
 def rows(plan: PrecisionPlan, cfg):
   """(gemm kind, layers, recipe, backend, quantizers) per GEMM kind and layer range, lm head and attention core
-  last."""
+  last; fused_mlp's one gate and up GEMM is one row."""
   out = []
   for start, stop, precision in plan.layer_ranges:
     for gemm in GEMMS:
+      if cfg.fused_mlp and gemm == "up":
+        continue
       p = precision[gemm]
       backend = backends.resolve(p.recipe, p.backend)
-      out.append((gemm, f"{start}-{stop - 1}", p.recipe.name or "bf16", backend.name, _quantizers(backend, p)))
+      name = "gate+up (fused_mlp)" if cfg.fused_mlp and gemm == "gate" else gemm
+      out.append((name, f"{start}-{stop - 1}", p.recipe.name or "bf16", backend.name, _quantizers(backend, p)))
   last = f"0-{cfg.base_num_decoder_layers - 1}"
   out.append(("attention core (QK^T, PV)", last, "bf16", "bf16", "-"))
   head = "f32" if cfg.logits_dot_in_fp32 else "bf16"  # logits_dot_in_fp32

@@ -20,6 +20,7 @@ LOGICAL_RULES = {
   "vocab": ("tensor",),
   "embed": ("fsdp", "context"),
   "mlp": ("tensor",),
+  "num_activations": (),  # fused_mlp's [embed, 2, mlp] kernel: gate and up of the same mlp columns stay together
   "heads": ("tensor",),
   "kv_heads": ("tensor",),
   "layers": (),
@@ -45,6 +46,7 @@ PARAM_AXES = {
   "layers/attention/out/kernel": ("layers", "heads", "embed"),
   "layers/mlp/gate/kernel": ("layers", "embed", "mlp"),
   "layers/mlp/up/kernel": ("layers", "embed", "mlp"),
+  "layers/mlp/gate_up/kernel": ("layers", "embed", "num_activations", "mlp"),
   "layers/mlp/down/kernel": ("layers", "mlp", "embed"),
 }
 BATCH_AXES = ("activation_batch", "activation_length")
@@ -176,6 +178,8 @@ def check_quantization_blocks(cfg, mesh_sizes, block_sizes):
     "up": "layers/mlp/up/kernel",
     "down": "layers/mlp/down/kernel",
   }
+  if cfg.fused_mlp:
+    gemm_params.update(gate="layers/mlp/gate_up/kernel", up="layers/mlp/gate_up/kernel")
   dims = {
     "embed": cfg.base_emb_dim,
     "mlp": cfg.base_mlp_dim,
@@ -185,7 +189,7 @@ def check_quantization_blocks(cfg, mesh_sizes, block_sizes):
   for gemm, block in block_sizes.items():
     if block <= 1:
       continue
-    for logical in PARAM_AXES[gemm_params[gemm]][1:]:
+    for logical in (a for a in PARAM_AXES[gemm_params[gemm]][1:] if a in dims):
       shards = math.prod(mesh_sizes.get(a, 1) for a in LOGICAL_RULES[logical])
       if dims[logical] % shards == 0 and (dims[logical] // shards) % block:
         raise ShardingError(

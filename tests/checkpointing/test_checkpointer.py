@@ -351,3 +351,16 @@ def test_checkpoints_from_before_absolute_paths_still_match(tmp_path, monkeypatc
   assert checkpointing.settings_difference(stored, cfg) == (
     f"grain_train_files: 'other/train-*.array_record' -> '{tmp_path}/data/train-*.array_record'"
   )
+
+
+def test_a_fused_mlp_checkpoint_under_an_unfused_config_names_the_key():
+  fused = {"params.layers.mlp.gate_up.kernel.value", "params.layers.mlp.down.kernel.value"}
+  unfused = {"params": {"layers": {"mlp": {k: {"kernel": {"value": np.zeros(1)}} for k in ("gate", "up", "down")}}}}
+  assert checkpointing.checkpointer.structure_difference(fused, unfused) == (
+    "its MLP was trained with fused_mlp=true (gate and up as one kernel) and this config has fused_mlp=false"
+  )
+  unfused_names = {f"params.layers.mlp.{k}.kernel.value" for k in ("gate", "up", "down")}
+  fused_tree = {"params": {"layers": {"mlp": {k: {"kernel": {"value": np.zeros(1)}} for k in ("gate_up", "down")}}}}
+  assert "trained with fused_mlp=false (gate and up as two kernels)" in checkpointing.checkpointer.structure_difference(
+    unfused_names, fused_tree
+  )

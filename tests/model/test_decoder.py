@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from MaxText import config
+from MaxText import config, precision
 from MaxText.model import attention
 from MaxText.model.decoder import Transformer
+from MaxText.quantization import stats as quant_stats
 from tests.conftest import REPO
 
 TINY = [
@@ -105,3 +106,35 @@ def test_llama31_rope_scaling_keeps_high_and_scales_low_frequencies():
   scaled = attention.rope_frequencies(128, 500000.0, "llama3.1")
   assert scaled[0] == base[0]  # short wavelengths untouched
   np.testing.assert_allclose(scaled[-1], base[-1] / 8.0, rtol=1e-6)  # long wavelengths / factor
+
+
+def test_fused_mlp_is_the_unfused_model_with_gate_and_up_in_one_kernel():
+  """fused_mlp (MaxText's [emb, 2, mlp] kernel, one GEMM): the same logits as the unfused model holding the same
+  gate and up columns."""
+  unfused = Transformer(_cfg("remat_policy=none"), rngs=nnx.Rngs(0))
+  fused = Transformer(_cfg("remat_policy=none", "fused_mlp=true"), rngs=nnx.Rngs(1))
+  params = nnx.to_pure_dict(nnx.state(unfused, nnx.Param))
+  mlp = params["layers"]["mlp"]
+  mlp["gate_up"] = {"kernel": jnp.stack([mlp.pop("gate")["kernel"], mlp.pop("up")["kernel"]], axis=-2)}
+  state = nnx.state(fused, nnx.Param)
+  assert state["layers"]["mlp"]["gate_up"]["kernel"].shape == (2, 32, 2, 48) and "gate" not in state["layers"]["mlp"]
+  nnx.replace_by_pure_dict(state, params)
+  nnx.update(fused, state)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 12)))
+  logits = jax.jit(lambda graphdef, state: nnx.merge(graphdef, state)(tokens), static_argnums=0)
+  with jax.default_matmul_precision("highest"):
+    np.testing.assert_allclose(logits(*nnx.split(fused)), logits(*nnx.split(unfused)), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_mlp_reports_its_one_gemms_telemetry_as_gate_and_up():
+  cfg = _cfg("remat_policy=none", "fused_mlp=true", "quantization=te_fp8_currentscaling", "base_num_decoder_layers=1")
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  plan = precision.plan_from_config(cfg).layer_ranges
+  sinks = {g: jnp.zeros((1, len(quant_stats.ROLES), len(quant_stats.STATS))) for g in precision.GEMMS}
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 12)))
+  graphdef, state = nnx.split(model)
+  loss = lambda s: jnp.sum(nnx.merge(graphdef, state)(tokens, layer_precisions=plan, stats_sinks=s))
+  stats = jax.jit(jax.grad(loss))(sinks)
+  assert np.array_equal(stats["gate"], stats["up"]) and float(stats["gate"][:, 0, 0].min()) > 0  # x's rel_err
+  mlp_rows = [g for g, *_ in precision.rows(precision.plan_from_config(cfg), cfg) if g.startswith(("gate", "up"))]
+  assert mlp_rows == ["gate+up (fused_mlp)"]

@@ -44,12 +44,18 @@ def test_param_specs_and_block_checks():
   assert flat["layers/mlp/gate/kernel"] == P(None, "fsdp", "tensor")
   assert flat["layers/mlp/down/kernel"] == P(None, "tensor", "fsdp")
   assert flat["embed/embedding"] == P("tensor", "fsdp") and flat["final_norm/scale"] == P(None)
+  _, fused, _ = abstract_model(_cfg("fused_mlp=true"))
+  fused_specs = sharding.param_specs(fused, {"data": 1, "fsdp": 4, "context": 1, "tensor": 2})
+  # fused_mlp's [layers, embed, 2, mlp]: gate and up of the same mlp columns on the same device
+  assert fused_specs["layers"]["mlp"]["gate_up"]["kernel"] == P(None, "fsdp", None, "tensor")
   with pytest.raises(sharding.ShardingError, match="dimension embed of size 64 can't be split"):
     sharding.param_specs(params, {"fsdp": 3})
   cfg = _cfg("base_mlp_dim=96")
   with pytest.raises(sharding.ShardingError, match="a shard holds 24 of its mlp dimension .* 16-element"):
     sharding.check_quantization_blocks(cfg, {"tensor": 4}, {"gate": 16})
   sharding.check_quantization_blocks(cfg, {"tensor": 4}, {"gate": 1})  # BF16 has no blocks
+  with pytest.raises(sharding.ShardingError, match="a shard holds 24 of its mlp dimension"):
+    sharding.check_quantization_blocks(_cfg("base_mlp_dim=96", "fused_mlp=true"), {"tensor": 4}, {"up": 16})
   with pytest.raises(sharding.ShardingError, match="leaves 8 tokens of each sequence per shard"):
     sharding.check_quantization_blocks(_cfg(), {"context": 4}, {"down": 16})
 
@@ -59,6 +65,8 @@ MESHES = {
   "fsdp8": [],
   "fsdp4_tensor2": ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"],
   "fsdp2_context2_tensor2": ["ici_fsdp_parallelism=2", "ici_context_parallelism=2", "ici_tensor_parallelism=2"],
+  # fused_mlp's [embed, 2, mlp] kernel with mlp split over tensor (its reference trains fused on one device)
+  "fsdp4_tensor2_fused": ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2", "fused_mlp=true"],
 }
 SCRIPT = r"""
 import json, sys
@@ -127,14 +135,17 @@ def _train_on_cpu(tmp_path, runs, devices):
 def _run_meshes(tmp_path, runs):
   out = _train_on_cpu(tmp_path, runs, 8)
   assert out.pop("gemm_identical")
-  # One device, the same global batch of 8 sequences.
-  recipes = {label.split("/")[0] for label in out}
-  references = _train_on_cpu(
-    tmp_path, {f"{r}/one_device": ("" if r == "bf16" else r, ["per_device_batch_size=8"]) for r in recipes}, 1
-  )
+  # One device, the same global batch of 8 sequences (fused_mlp where the mesh's run is fused).
+  fused = lambda label: label.endswith("_fused")
+  recipes = {(label.split("/")[0], fused(label)) for label in out}
+  one_device = {
+    f"{r}/one_device{'_fused' * f}": ("" if r == "bf16" else r, ["per_device_batch_size=8"] + ["fused_mlp=true"] * f)
+    for r, f in recipes
+  }
+  references = _train_on_cpu(tmp_path, one_device, 1)
   for label, losses in out.items():
     recipe = label.split("/")[0]
-    reference = references[f"{recipe}/one_device"]
+    reference = references[f"{recipe}/one_device{'_fused' * fused(label)}"]
     assert len(reference) == 3 and reference[-1] < reference[0]
     # f32 compute: only the order of reductions differs between meshes. In NVFP4 such a last-bit
     # difference can move an element across a 4-bit rounding boundary, which later steps amplify

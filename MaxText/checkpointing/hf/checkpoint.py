@@ -73,6 +73,13 @@ class HFCheckpoint:
 
   def check(self, cfg):
     """HFError naming the first tensor that is missing, extra, of a shape config.json doesn't imply, or not a float."""
+    quantized = self.config.get("quantization_config")
+    if quantized:
+      method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
+      raise HFError(
+        f"{self.dir}/config.json: a quantized checkpoint (quantization_config quant_method={method!r}); its "
+        "packed weights aren't read: import a bfloat16 or float32 checkpoint (to-hf without --nvfp4 writes one)"
+      )
     expected = names.hf_names(cfg)
     present = {n for n in self._where if not n.endswith(IGNORED_SUFFIXES)}
     if cfg.logits_via_embedding:

@@ -32,11 +32,6 @@ def config_from_keys(keys, where):
     raise HFError(f"{where}: the model it describes doesn't fit our config: {e}") from None
 
 
-def _block_axis(entry, ndim):
-  """The axis of our array that HF's rows map to (the last one for transposed tensors)."""
-  return ndim - 1 if entry.transpose else (1 if entry.per_layer else 0)
-
-
 def _storage_dtypes(hf, cfg):
   """{parameter path: dtype it is stored in}: the published dtype (the widest, should a kind's layers differ)."""
   out = {}
@@ -52,7 +47,8 @@ def write_params(hf, cfg, state_dir, log=print):
   arrays = {}
   for entry in names.entries(cfg):
     shape = names.param_shape(cfg, entry)
-    arrays[entry.param] = (shape, dtypes[entry.param], _block_axis(entry, len(shape)), entry.per_layer)
+    unit_axes = (0,) * entry.per_layer + ((len(shape) - 2,) if entry.part is not None else ())
+    arrays[entry.param] = (shape, dtypes[entry.param], names.rows_axis(entry, len(shape)), unit_axes)
   writer = ParamCheckpointWriter(state_dir, arrays)
   done = 0
   for name, (entry, layer) in names.hf_names(cfg).items():
@@ -63,11 +59,7 @@ def write_params(hf, cfg, state_dir, log=print):
       stop = min(start + step, rows)
       block = names.to_param_layout(entry, hf.read(name, (slice(start, stop),)))  # a transposed view: no copy
       block = block if block.dtype == dtype else block.astype(dtype)
-      index = [slice(None)] * len(shape)
-      index[axis] = slice(start, stop)
-      if entry.per_layer:
-        index[0] = layer
-      writer.write(entry.param, tuple(index), block)
+      writer.write(entry.param, names.param_index(entry, slice(start, stop), layer, len(shape)), block)
     done += hf.info(name).nbytes
   writer.finish()
   log(f"wrote {len(names.hf_names(cfg))} tensors ({done / 1e6:,.1f} MB) into {len(arrays)} parameter arrays")
@@ -97,13 +89,16 @@ def config_yml(keys, out_dir, hf_dir, load_path, tokenizer):
   return header + yaml.safe_dump(body, sort_keys=False, default_flow_style=None)
 
 
-def import_checkpoint(hf_dir, out_dir, *, direct=False, log=print):
+def import_checkpoint(hf_dir, out_dir, *, direct=False, fused_mlp=False, log=print):
   """HF_DIR -> OUT_DIR/{config.yml, checkpoints/0/state, hf/}; with `direct`, only config.yml, whose
-  load_parameters_path is HF_DIR itself (the trainer then reads each device's slices from the safetensors)."""
+  load_parameters_path is HF_DIR itself (the trainer then reads each device's slices from the safetensors).
+  `fused_mlp`: a model with gate_proj and up_proj joined into one kernel (config.yml sets fused_mlp: true)."""
   hf_dir, out_dir = pathlib.Path(hf_dir).absolute(), pathlib.Path(out_dir).absolute()
   check_output_dir(out_dir)
   with HFCheckpoint(hf_dir) as hf:
     keys = dict(hf.keys, max_target_length=hf.config.get("max_position_embeddings", 2048))
+    if fused_mlp:
+      keys["fused_mlp"] = True
     cfg = config_from_keys({k: v for k, v in keys.items() if k != "max_target_length"}, hf_dir / "config.json")
     hf.check(cfg)
     if not (hf_dir / "tokenizer.json").is_file():

@@ -25,19 +25,22 @@ def leaf_keys(path):
   return ("params", *path.split("/"), "value")
 
 
-def chunk_shape(shape, itemsize, block_axis, per_layer):
-  """Whole layers (a leading layer axis chunks by 1), the `block_axis` cut so one chunk is <= CHUNK_BYTES."""
+def chunk_shape(shape, itemsize, block_axis, unit_axes=()):
+  """Chunks of 1 along `unit_axes` (a stacked parameter's layer axis: whole layers; a fused one's part axis), the
+  `block_axis` cut so one chunk is <= CHUNK_BYTES."""
   chunks = list(shape)
-  if per_layer:
-    chunks[0] = 1
+  for axis in unit_axes:
+    chunks[axis] = 1
   other = math.prod(c for i, c in enumerate(chunks) if i != block_axis) * itemsize
   chunks[block_axis] = max(1, min(shape[block_axis], CHUNK_BYTES // max(other, 1)))
   return chunks
 
 
 class ParamCheckpointWriter:
-  """`arrays`: {our parameter path: (shape, numpy dtype, block axis, per_layer)}; `write(path, index, block)`
-  stores a region; `finish()` writes the tree record that makes the directory a checkpoint item."""
+  """`arrays`: {our parameter path: (shape, numpy dtype, block axis, unit axes)}; `write(path, index, block)`
+  stores a region (regions written one after another never share a chunk when they differ only along the unit axes
+  and whole chunks of the block axis); `finish()` writes the tree record that makes the directory a checkpoint
+  item."""
 
   def __init__(self, state_dir, arrays):
     self.state_dir = state_dir
@@ -46,9 +49,9 @@ class ParamCheckpointWriter:
     # No fsync per chunk (tensorstore's default): the import is written in a temporary directory that becomes the
     # output only once complete, and fsyncing each 64 MB chunk made writing 3x slower.
     context = ts.Context({"file_io_sync": False})
-    for path, (shape, dtype, block_axis, per_layer) in arrays.items():
+    for path, (shape, dtype, block_axis, unit_axes) in arrays.items():
       dtype = np.dtype(dtype)
-      chunks = chunk_shape(shape, dtype.itemsize, block_axis, per_layer)
+      chunks = chunk_shape(shape, dtype.itemsize, block_axis, unit_axes)
       spec = {
         "driver": "zarr",
         "kvstore": {"driver": "file", "path": str(state_dir / ".".join(leaf_keys(path)))},

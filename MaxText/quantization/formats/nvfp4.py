@@ -96,11 +96,16 @@ def _block_amax(x_f32, tile):
   return jnp.repeat(grids.abs_max(tiles, axis=(1, 3)), BLOCK, axis=0)
 
 
-def quantize(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, four_over_six=None) -> QuantizedTensor:
+def quantize(
+  x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, four_over_six=None, global_amax=None
+) -> QuantizedTensor:
   """Quantize a 2-D x [M, N] to NVFP4 with blocks along the last axis (16x16 tiles if tile=(16, 16)).
 
   four_over_six: None (every block's max maps to 6), "mse" or "mae" (Four Over Six: the block's max maps to 6 or
   to 4, whichever candidate has the smaller error in that norm; four_over_six.py).
+  global_amax: the amax the global scale is computed from, instead of x's own: a scale shared with other tensors
+  (gate and up exported for one fused GEMM quantize as their concatenation would). At least x's amax, else
+  elements saturate.
   """
   return _quantize_jit(
     x,
@@ -110,6 +115,7 @@ def quantize(x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None,
     key=key,
     four_over_six=four_over_six,
     out="nvfp4",
+    global_amax=global_amax,
   )
 
 
@@ -179,7 +185,7 @@ def _four_over_six(x_MxBx16, block_amax, amax, s_enc, s_dec, u_MxBx16, tile, mod
 
 
 @functools.partial(jax.jit, static_argnames=("tile", "rht", "stochastic_rounding", "four_over_six", "out"))
-def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, four_over_six, out):
+def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, four_over_six, out, global_amax=None):
   """E2M1 values [M, N] and E4M3 block decode scales [M, ceil(N/16)] (f32), returned per `out`."""
   _check_arguments(x, tile, stochastic_rounding, key, four_over_six)
   if rht:
@@ -189,6 +195,8 @@ def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, four_over_six, out)
   m, n = x.shape
   x_f32 = x.astype(jnp.float32)
   amax = grids.abs_max(x_f32) if x.size else jnp.float32(0)
+  if global_amax is not None:
+    amax = jnp.asarray(global_amax, jnp.float32)
   e4m3_max = global_e4m3_max(four_over_six)
   s_enc = global_encode_scale(amax, e4m3_max)
   s_dec = grids.div_rn(1.0, s_enc)

@@ -19,33 +19,41 @@ SCRIPT = textwrap.dedent("""
     from MaxText.model.decoder import abstract_model
     from MaxText.runtime import sharding
     from MaxText.checkpointing.hf import checkpoint, importer
-    out = importer.import_checkpoint(sys.argv[1], sys.argv[2] + "/imported", log=lambda *_: None)
-    direct_cfg = sys.argv[2] + "/direct"
-    importer.import_checkpoint(sys.argv[1], direct_cfg, direct=True, log=lambda *_: None)
-    cfg = config.load(direct_cfg + "/config.yml", ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"])
-    assert cfg.load_parameters_path == sys.argv[1]
-    mesh = sharding.make_mesh(cfg)
-    _, abstract, _ = abstract_model(cfg)
-    shardings = sharding.param_shardings(abstract, mesh)
-    template = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-    reads = []
-    original = checkpoint.HFCheckpoint.read
-    def read(self, name, index=None):
-      a = original(self, name, index)
-      reads.append((name, a.size, int(np.prod(self.info(name).shape))))
-      return a
-    checkpoint.HFCheckpoint.read = read
-    loaded = parameters.load(cfg, cfg.load_parameters_path, template)
-    checkpoint.HFCheckpoint.read = original
-    imported = parameters.load(cfg, str(out.parent / "checkpoints" / "0"), template)
-    def same(a, b, s):
-      assert a.sharding == s and b.sharding == s, (a.sharding, s)
-      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    jax.tree.map(same, loaded, imported, shardings)
-    gate = [r for r in reads if r[0] == "model.layers.0.mlp.gate_proj.weight"]
-    assert gate and all(size * 8 == full for _, size, full in gate), gate  # one eighth per read
-    embed = [r for r in reads if r[0] == "model.embed_tokens.weight"]
-    assert embed and all(size * 8 == full for _, size, full in embed), embed
+    def check(fused, tag):
+      quiet = dict(fused_mlp=fused, log=lambda *_: None)
+      out = importer.import_checkpoint(sys.argv[1], sys.argv[2] + "/imported" + tag, **quiet)
+      direct_cfg = sys.argv[2] + "/direct" + tag
+      importer.import_checkpoint(sys.argv[1], direct_cfg, direct=True, **quiet)
+      cfg = config.load(direct_cfg + "/config.yml", ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"])
+      assert cfg.load_parameters_path == sys.argv[1] and cfg.fused_mlp == fused
+      mesh = sharding.make_mesh(cfg)
+      _, abstract, _ = abstract_model(cfg)
+      shardings = sharding.param_shardings(abstract, mesh)
+      template = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+      reads = []
+      original = checkpoint.HFCheckpoint.read
+      def read(self, name, index=None):
+        a = original(self, name, index)
+        reads.append((name, a.size, int(np.prod(self.info(name).shape))))
+        return a
+      checkpoint.HFCheckpoint.read = read
+      loaded = parameters.load(cfg, cfg.load_parameters_path, template)
+      checkpoint.HFCheckpoint.read = original
+      imported = parameters.load(cfg, str(out.parent / "checkpoints" / "0"), template)
+      def same(a, b, s):
+        assert a.sharding == s and b.sharding == s, (a.sharding, s)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+      jax.tree.map(same, loaded, imported, shardings)
+      gate = [r for r in reads if r[0] == "model.layers.0.mlp.gate_proj.weight"]
+      assert gate and all(size * 8 == full for _, size, full in gate), gate  # one eighth per read
+      embed = [r for r in reads if r[0] == "model.embed_tokens.weight"]
+      assert embed and all(size * 8 == full for _, size, full in embed), embed
+      return loaded, reads
+    loaded, reads = check(False, "")
+    fused, _ = check(True, "_fused")  # gate_proj and up_proj joined into one [emb, 2, mlp] kernel, read the same way
+    mlp = fused["layers"]["mlp"]["gate_up"]["kernel"]
+    for part, name in enumerate(("gate", "up")):
+      np.testing.assert_array_equal(np.asarray(mlp)[:, :, part], np.asarray(loaded["layers"]["mlp"][name]["kernel"]))
     print("OK", len(reads), "reads")
 """)
 

@@ -94,3 +94,16 @@ def test_a_checkpoint_of_another_model_is_refused_in_one_line(hf_tiny_import, tm
   with pytest.raises(exporter.HFError, match="parameter lm_head is .* in the checkpoint but absent in the config"):
     exporter.export(cfg, cfg.load_parameters_path, tmp_path / "out", log=lambda *_: None)
   assert not (tmp_path / "out").exists() and not list(tmp_path.iterdir())
+
+
+def test_a_fused_mlp_import_joins_gate_and_up_and_its_export_splits_them_back(tmp_path):
+  assert convert_hf.main(["to-maxtext", str(HF_TINY), str(tmp_path / "fused"), "--fused-mlp"]) == 0
+  cfg = config.load(tmp_path / "fused" / "config.yml")
+  assert cfg.fused_mlp
+  stored = exporter.CheckpointParams(cfg.load_parameters_path).stored
+  assert stored["layers/mlp/gate_up/kernel"][0] == (3, 64, 2, 160) and "layers/mlp/gate/kernel" not in stored
+  assert convert_hf.main(["to-hf", str(tmp_path / "fused" / "config.yml"), str(tmp_path / "out")]) == 0
+  original, exported = _tensors(HF_TINY), _tensors(tmp_path / "out")
+  assert sorted(original) == sorted(exported)
+  for name, a in original.items():
+    assert np.array_equal(_bits(exported[name]), _bits(a)), name

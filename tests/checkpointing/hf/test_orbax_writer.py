@@ -33,7 +33,9 @@ def test_tree_record_matches_orbax_and_orbax_restores_it(tmp_path):
   )
   ours = tmp_path / "ours"
   stored = {k: v.astype(ml_dtypes.bfloat16) for k, v in ARRAYS.items()}
-  writer = ParamCheckpointWriter(ours, {k: (v.shape, v.dtype, v.ndim - 1, v.ndim == 3) for k, v in stored.items()})
+  writer = ParamCheckpointWriter(
+    ours, {k: (v.shape, v.dtype, v.ndim - 1, (0,) * (v.ndim == 3)) for k, v in stored.items()}
+  )
   for layer in range(3):  # one layer at a time, in two column blocks
     for cols in (slice(0, 2), slice(2, 4)):
       writer.write(
