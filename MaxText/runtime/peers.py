@@ -31,6 +31,7 @@ LEFT, FAILED = "left", "failed"
 INTERVAL = 1.0
 _verdict = threading.Lock()  # one line, whichever thread (watchdog, abort handler) gets there first
 _abort_handler = []  # the ctypes callback, kept alive for as long as it is installed
+_left_failing = []  # set when this process left its job with an error
 
 
 def _say_and_exit(line, code):
@@ -132,10 +133,27 @@ class Watchdog:
     self._stop.set()
     for t in self._threads:
       t.join(timeout=self.interval + 5.0)
+    if error:
+      _left_failing.append(error)
     try:
       self._publish(f"{FAILED} {error}" if error else LEFT)
     except Exception:  # pylint: disable=broad-except  (the store is gone: the others will time us out)
       pass
+
+
+def failed():
+  """Whether this process left its job with an error."""
+  return bool(_left_failing)
+
+
+def exit_if_failed(code):
+  """After this process left its job with an error (its line said): exit with `code` now. At a normal exit jax
+  waits for every process at a shutdown barrier, which the others, gone, never reach: after its heartbeat timeout
+  it aborts, with a second message. Returns where there was no failed job."""
+  if _left_failing:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
 
 
 # -- native stderr and jax's abort --------------------------------------------------------------------------
