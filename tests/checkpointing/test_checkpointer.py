@@ -324,6 +324,7 @@ def test_a_checkpoint_directory_gone_mid_run_names_the_step_and_the_last_good_on
   assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.heavy
 def test_resume_under_other_data_or_recipe_state_is_named_and_nothing_is_moved(tmp_path, corpus, capsys):
   def run(*extra, name="x"):
     code = train.main(
