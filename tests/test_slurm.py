@@ -77,6 +77,7 @@ def test_dry_run_prints_the_job(gpu, nodes, model):
   srun = shlex.split(lines[-1])
   assert srun[0] == "srun" and "--container-image=ghcr.io/nvidia/jax:maxtext-nvfp4" in srun
   assert srun[srun.index("train.py") - 1 : srun.index("train.py") + 3] == ["python3", "train.py", model, "hardware=gpu"]
+  assert "jax_distributed_heartbeat_timeout_seconds=30" in srun  # a lost node ends the job within 30 s
 
 
 def test_nsys_wraps_each_task_and_captures_the_profiled_steps():

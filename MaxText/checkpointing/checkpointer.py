@@ -15,6 +15,7 @@ import io
 import logging
 import pathlib
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -26,6 +27,9 @@ import orbax.checkpoint as ocp
 
 from MaxText import config, storage
 from MaxText.errors import UserError
+
+
+TMP_MARK = ".orbax-checkpoint-tmp"  # in the name of a step directory Orbax has not finished writing
 
 
 class CheckpointError(UserError):
@@ -166,6 +170,17 @@ class Checkpointer:
           cleanup_tmp_directories=True,
         ),
       )
+    self._remove_unfinished()
+
+  def _remove_unfinished(self):
+    """Removes what saves that failed or were interrupted left (Orbax's `<step>.orbax-checkpoint-tmp*`), so that
+    no listing or later run sees them; process 0, on a filesystem all processes share. Orbax removes them too
+    when a manager starts, in the background: this is done now, and again when the run closes."""
+    if jax.process_index() != 0 or not self.directory.is_dir():
+      return
+    for path in self.directory.iterdir():
+      if TMP_MARK in path.name:
+        shutil.rmtree(path, ignore_errors=True)
 
   def steps(self):
     return sorted(self._manager.all_steps())
@@ -320,6 +335,7 @@ class Checkpointer:
       self.wait()
     finally:
       self._manager.close()
+      self._remove_unfinished()
       _route("absl", self._noise, False)
       if sys.unraisablehook == self._closed_loop_noise:  # pylint: disable=comparison-with-callable
         sys.unraisablehook = self._unraisable

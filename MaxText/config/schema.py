@@ -260,6 +260,12 @@ SCHEMA = {
     ("cpu", "gpu", "gpu_multiprocess"),
   ),
   "jax_distributed_initialization_timeout": Key(int, 300, "seconds to wait for all processes to join"),
+  "jax_distributed_heartbeat_timeout_seconds": Key(
+    int,
+    30,
+    "multi-process: seconds without a heartbeat after which every other process names the lost process in one "
+    "line and exits 75 (rerun to resume)",
+  ),
   **{
     f"ici_{axis}_parallelism": Key(
       int, -1 if axis == "fsdp" else 1, f"{axis} parallelism within a node (-1 = the remaining devices)"
@@ -495,6 +501,7 @@ RANGES = {
       "vocab_size",
       "rope_original_max_position",
       "jax_distributed_initialization_timeout",
+      "jax_distributed_heartbeat_timeout_seconds",
       "grain_max_pieces_per_document",
       "eval_steps",
       "checkpoint_period",

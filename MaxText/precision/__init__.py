@@ -16,7 +16,7 @@ from MaxText.precision.plan import (
   stats_record,
   uniform,
 )
-from MaxText.precision.report import flops_share, format_plan, recipe_options, rows
+from MaxText.precision.report import change_on_resume, flops_share, format_plan, plan_summary, recipe_options, rows
 
 __all__ = [
   "ATTENTION_GEMMS",
@@ -27,10 +27,12 @@ __all__ = [
   "PrecisionPlan",
   "amax_history_len",
   "block_sizes",
+  "change_on_resume",
   "configured_recipes",
   "flops_share",
   "format_plan",
   "plan_from_config",
+  "plan_summary",
   "recipe_for",
   "recipe_options",
   "rows",

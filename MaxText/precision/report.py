@@ -87,3 +87,48 @@ def format_plan(plan: PrecisionPlan, cfg, gemm_flops) -> str:
   share = ", ".join(f"{k} {v:.1%}" for k, v in flops_share(plan, gemm_flops).items())
   lines.append(f"share of training FLOPs: {share}")
   return "\n".join(lines)
+
+
+def plan_summary(plan: PrecisionPlan) -> str:
+  """The plan in a few words: each layer range's MLP and attention recipes ('layers 0-3: mlp te_nvfp4, attention
+  bf16')."""
+
+  def range_text(start, stop, prec):
+    mlp, attention = prec["gate"].recipe.name or "bf16", prec["q"].recipe.name or "bf16"
+    what = mlp if mlp == attention else f"mlp {mlp}, attention {attention}"
+    return f"layers {start}-{stop - 1}: {what}"
+
+  return "; ".join(range_text(*r) for r in plan.layer_ranges)
+
+
+def _plan_at(cfg, step):
+  from MaxText.precision.plan import plan_from_config  # pylint: disable=import-outside-toplevel
+
+  return plan_from_config(cfg, high_precision=0 <= cfg.high_precision_from_step <= step)
+
+
+def _recipe_label(cfg):
+  return f"quantization={cfg.quantization or 'bf16'}" + (
+    f", attention_quantization={cfg.attention_quantization}" if cfg.attention_quantization else ""
+  )
+
+
+def change_on_resume(stored_config: dict, cfg, step):
+  """(one line, a metrics record) when the checkpoint of `step`, written under `stored_config` (its meta's), ran
+  another recipe or plan than `cfg` runs from `step` on; None when they agree (or the checkpoint doesn't say)."""
+  own = cfg.to_dict()
+  changed = {k: v for k, v in stored_config.items() if k in own and v != own[k]}
+  try:
+    old_cfg = cfg.replace(**changed)
+  except Exception:  # pylint: disable=broad-except  (a value today's schema refuses: compare what the plan reads)
+    old_cfg = cfg.replace(**{k: v for k, v in changed.items() if "quantization" in k})
+  old, new = _plan_at(old_cfg, step), _plan_at(cfg, step)
+  if old == new:
+    return None
+  before = {"recipe": _recipe_label(old_cfg), "plan": plan_summary(old)}
+  after = {"recipe": _recipe_label(cfg), "plan": plan_summary(new)}
+  line = (
+    f"recipe change on resume at step {step}: the checkpoint was trained with {before['recipe']} "
+    f"({before['plan']}); this run goes on with {after['recipe']} ({after['plan']})"
+  )
+  return line, {"step": step, "from": before, "to": after}

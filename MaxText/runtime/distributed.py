@@ -15,6 +15,7 @@ import threading
 import time
 
 import jax
+from jax._src import distributed as jax_distributed  # its global_state.client: jax exports no accessor
 
 from MaxText.errors import UserError
 from MaxText.runtime import preemption
@@ -245,6 +246,12 @@ def _watchdog(timeout, where):
   return timer
 
 
+def jax_heartbeat_timeout(cfg):
+  """jax's own heartbeat timeout: above ours (runtime/peers.py names a lost peer in one line; jax aborts), and
+  never below jax's default."""
+  return max(100, 2 * cfg.jax_distributed_heartbeat_timeout_seconds)
+
+
 def _join(kwargs, timeout, where):
   timer = _watchdog(timeout, where)
   timer.start()
@@ -260,6 +267,14 @@ def _join(kwargs, timeout, where):
     ) from None
   finally:
     timer.cancel()
+  # jax's preemption notifier took SIGTERM (a handler that only sets a flag): ours again, feeding the job's stop
+  # agreement (runtime/job_stop.py) and keeping the second signal's exit.
+  preemption.reclaim()
+
+
+def client():
+  """jax.distributed's client (its coordination service's key-value store), None outside a job."""
+  return jax_distributed.global_state.client
 
 
 def check_platform(cfg):
@@ -317,14 +332,15 @@ def initialize(cfg):
 
 def _form_job(cfg):
   timeout = cfg.jax_distributed_initialization_timeout
+  heartbeat = dict(heartbeat_timeout_seconds=jax_heartbeat_timeout(cfg))
   if cfg.hardware == "gpu_multiprocess":
-    _join({}, timeout, "the Slurm-detected coordinator")
+    _join(heartbeat, timeout, "the Slurm-detected coordinator")
     return
   env = coordinator_from_env()
   if env is None or env[1] == 1:
     return
   address, count, rank = env
-  kwargs = dict(coordinator_address=address, num_processes=count, process_id=rank)
+  kwargs = dict(coordinator_address=address, num_processes=count, process_id=rank, **heartbeat)
   if cfg.hardware == "gpu":
     kwargs["local_device_ids"] = _local_device_ids()
   else:

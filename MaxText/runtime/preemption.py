@@ -8,6 +8,13 @@ request the trainer saw:
       if preemption.requested():
         ...stop cleanly, exit preemption.exit_code()
 
+Python runs a signal's handler in the main thread, between two bytecodes: while the main thread is inside
+one long native call (XLA compiling a step: minutes for a large model) the handler waits for the call to
+return. So a thread watches the signals as they arrive (signal.set_wakeup_fd: the interpreter's C-level
+handler writes each signal's number to a pipe at once), and the second signal ends the process from there,
+whatever the main thread is doing. The first is taken at once too (the request is set, the line printed,
+the listeners told: a multi-process job's stop agreement, runtime/job_stop.py).
+
 Handlers can only be installed from the main thread; elsewhere `installed()` does nothing (and a signal
 keeps its default meaning).
 """
@@ -19,7 +26,9 @@ import sys
 import threading
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_state = {"signal": None, "depth": 0}
+_state = {"signal": None, "origin": None, "depth": 0, "count": 0, "watcher": None}
+_lock = threading.RLock()  # re-entrant: a signal's handler can interrupt the main thread while it holds it
+_listeners = []
 
 
 def requested():
@@ -32,29 +41,122 @@ def signal_name():
   return None if _state["signal"] is None else signal.Signals(_state["signal"]).name
 
 
+def reason():
+  """What asked for the stop, for the line that says where the run stopped: 'SIGTERM', or 'SIGTERM to process 1'
+  when another process of the job received it (None without a request)."""
+  if _state["signal"] is None:
+    return None
+  return signal_name() if _state["origin"] is None else f"{signal_name()} to {_state['origin']}"
+
+
 def exit_code():
   """The process's exit status after a clean stop: 0 for SIGTERM (a scheduler's preemption), 130 for SIGINT."""
   return 130 if _state["signal"] == signal.SIGINT else 0
 
 
-def request(signum=signal.SIGTERM):
-  """Ask for a stop as a signal would (tests, and code that finds it must stop)."""
-  if _state["signal"] is None:
+def request(signum=signal.SIGTERM, origin=None):
+  """Ask for a stop as a signal would (tests, code that finds it must stop, and the stop a job's processes agreed
+  on: `origin` names the process that received the signal). Listeners are not told: only signals are news."""
+  with _lock:
+    if _state["signal"] is None:
+      _state["signal"], _state["origin"] = signum, origin
+
+
+def on_first_signal(listener):
+  """Call `listener(signum)` when the first stop signal arrives (from the watching thread or the main thread; it
+  must be quick). Returns the function that removes it."""
+  _listeners.append(listener)
+  return lambda: _listeners.remove(listener) if listener in _listeners else None
+
+
+def _first(signum):
+  """The first stop signal: the request, the line, the listeners (once, whichever thread sees it first)."""
+  with _lock:
+    if _state["signal"] is not None:
+      return
     _state["signal"] = signum
+    print(
+      f"{signal.Signals(signum).name}: stopping after the current step (send it again to exit at once)",
+      file=sys.stderr,
+      flush=True,
+    )
+    for listener in list(_listeners):
+      try:
+        listener(signum)
+      except Exception as e:  # pylint: disable=broad-except  (the local stop must happen whatever a listener does)
+        print(f"warning: passing the stop on failed ({e}); this process stops on its own", file=sys.stderr, flush=True)
+
+
+def _again(signum):
+  # The second signal: the user insists. No cleanup can be trusted to finish (it may be what hangs).
+  print(f"{signal.Signals(signum).name} again: exiting now without a checkpoint", file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(128 + signum)  # pylint: disable=protected-access
 
 
 def _handle(signum, frame):
+  """The main thread's handler. With the watching thread it only makes sure the request is set before the main
+  thread goes on (the thread counts the signals); without it, it counts them itself."""
   del frame
-  if _state["signal"] is not None:
-    # The second signal: the user insists. No cleanup can be trusted to finish (it may be what hangs).
-    print(f"{signal.Signals(signum).name} again: exiting now without a checkpoint", file=sys.stderr, flush=True)
-    os._exit(128 + signum)  # pylint: disable=protected-access
-  _state["signal"] = signum
-  print(
-    f"{signal.Signals(signum).name}: stopping after the current step (send it again to exit at once)",
-    file=sys.stderr,
-    flush=True,
-  )
+  if _state["watcher"] is None and _state["signal"] is not None:
+    _again(signum)
+  _first(signum)
+
+
+def _watch(read_fd):
+  """Every stop signal's number, as the interpreter's C handler writes it: the first requests, the second exits."""
+  while True:
+    try:
+      data = os.read(read_fd, 64)
+    except OSError:
+      return
+    if not data:  # the write end closed: installed() is over
+      return
+    for signum in data:
+      if signum not in SIGNALS:
+        continue
+      _state["count"] += 1
+      if _state["count"] == 1:
+        _first(signum)
+      else:
+        _again(signum)
+
+
+def _start_watcher():
+  """A thread reading the interpreter's wakeup fd, or None where another one is set (asyncio's): the handler then
+  counts."""
+  read_fd, write_fd = os.pipe()
+  os.set_blocking(write_fd, False)
+  try:
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+  except ValueError:
+    previous = None
+  if previous != -1:
+    if previous is not None:
+      signal.set_wakeup_fd(previous)
+    os.close(read_fd)
+    os.close(write_fd)
+    return None
+  thread = threading.Thread(target=_watch, args=(read_fd,), name="signal-watcher", daemon=True)
+  thread.start()
+  return thread, read_fd, write_fd
+
+
+def _stop_watcher(watcher):
+  thread, read_fd, write_fd = watcher
+  signal.set_wakeup_fd(-1)
+  os.close(write_fd)
+  thread.join(timeout=5.0)
+  os.close(read_fd)
+
+
+def reclaim():
+  """Take SIGTERM and SIGINT back inside `installed()` after a library replaced their handlers at the C level
+  (jax.distributed's preemption notifier does, with one that only sets a flag): a second signal must still end the
+  process, and the first reach the job's stop agreement (runtime/job_stop.py) from here."""
+  if _state["depth"] and threading.current_thread() is threading.main_thread():
+    for s in SIGNALS:
+      signal.signal(s, _handle)
 
 
 @contextlib.contextmanager
@@ -64,13 +166,17 @@ def installed():
     yield
     return
   if _state["depth"] == 0:
-    _state["signal"] = None
+    _state.update(signal=None, origin=None, count=0)
     previous = {s: signal.signal(s, _handle) for s in SIGNALS}
+    _state["watcher"] = _start_watcher()
   _state["depth"] += 1
   try:
     yield
   finally:
     _state["depth"] -= 1
     if _state["depth"] == 0:
+      if _state["watcher"] is not None:
+        _stop_watcher(_state["watcher"])
+        _state["watcher"] = None
       for s, handler in previous.items():
         signal.signal(s, handler)

@@ -92,11 +92,17 @@ class _Dispatched(typing.NamedTuple):
 
 class Loop:
   """Runs `steps` (train_step.StepFunctions) over `batches` (runtime.prefetch.Prefetcher) from `state` to
-  `last_step`, or until `should_stop()`, calling `hooks`."""
+  `last_step`, or until `should_stop()` (polled where the loop waits; `stop_point(step)` before each step),
+  calling `hooks`."""
 
-  def __init__(self, state: TrainState, steps, batches, hooks, *, last_step, should_stop=preemption.requested):
+  def __init__(
+    self, state: TrainState, steps, batches, hooks, *, last_step, should_stop=preemption.requested, stop_point=None
+  ):
     self.state, self.steps, self.batches, self.hooks = state, steps, batches, list(hooks)
     self.last_step, self.should_stop = last_step, should_stop
+    # Called once before each step is dispatched, on every process at the same steps: where the processes of a
+    # job agree to stop (runtime/job_stop.py); should_stop() then reads the outcome.
+    self.stop_point = stop_point or (lambda step: None)
     self.losses = []
     self.in_flight = []  # _Dispatched, oldest first
     self.position = None  # the data position after the newest dispatched batch
@@ -104,21 +110,22 @@ class Loop:
 
   def train(self):
     """Steps until `last_step` or a stop request; returns the losses of the steps run."""
-    if self.should_stop() and self.state.step < self.last_step:
-      self._call("on_stop", self._progress(), False)
-      return self.losses
+    trained = False
     while self.state.step < self.last_step:
+      self.stop_point(self.state.step)
+      if self.should_stop():
+        break
       placed = self._next_batch()
       if placed is None:  # a stop request arrived while waiting for data
         break
       self._dispatch(placed)
+      trained = True
       sync = self._sync_point()
       self._call("after_steps", self._finish_all(but_newest=not sync), self._progress(), sync)
-      if self.should_stop():
-        break
     if self.should_stop() and self.state.step < self.last_step:
-      self._call("after_steps", self._finish_all(), self._progress(), False)
-      self._call("on_stop", self._progress(), True)
+      if trained:
+        self._call("after_steps", self._finish_all(), self._progress(), False)
+      self._call("on_stop", self._progress(), trained)
     return self.losses
 
   def _call(self, event, *args):

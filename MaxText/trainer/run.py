@@ -1,13 +1,15 @@
 """A training run from start to end: join the job, plan (preflight), build the run, loop, close."""
 
 import contextlib
+import os
+import tempfile
 
 import jax
 
-from MaxText import precision
+from MaxText import precision, storage
 from MaxText.config import RunShape
 from MaxText.errors import UserError
-from MaxText.runtime import compile_cache, distributed, preemption
+from MaxText.runtime import compile_cache, distributed, job_stop, peers, preemption
 from MaxText.trainer import preflight, run_setup
 from MaxText.trainer.loop import Loop, NonFiniteLoss
 
@@ -23,32 +25,74 @@ def train(cfg):
   """Train per `cfg`; returns the per-step losses of the steps this invocation ran.
 
   SIGTERM and SIGINT from here on are clean stops: before the loop, nothing trained; in it, after a
-  checkpoint (runtime/preemption.py). `preemption.requested()` tells the caller afterwards.
+  checkpoint (runtime/preemption.py). `preemption.requested()` tells the caller afterwards. In a multi-process
+  job every process stops after the same step (runtime/job_stop.py), and a process that dies, hangs or fails
+  is named by the others, which exit too (runtime/peers.py).
   """
   with preemption.installed(), matmul_precision(cfg):
     process_index, process_count = distributed.initialize(cfg)
-    devices = jax.devices()
-    num_devices, num_processes = (
-      preflight.planned_devices(cfg, len(devices)) if cfg.dry_run else (len(devices), process_count)
-    )
-    run_shape = RunShape.of(cfg, num_devices)
-    plan = precision.plan_from_config(cfg)
-    mesh_sizes = preflight.sharding_plan(cfg, plan, num_devices, num_processes)
-    mem = preflight.print_plan(cfg, plan, run_shape, mesh_sizes, devices)
-    if cfg.dry_run:
-      return []
-    preflight.check_memory(cfg, mem, devices)
-    preflight.check_storage(cfg)
-    out_dir = preflight.run_dir(cfg)
-    preflight.check_writable(out_dir)
-    compile_cache.configure(cfg.jax_cache_dir)
-    run = run_setup.build(cfg, plan, run_shape, devices, process_index, process_count, out_dir)
+    if process_count == 1:
+      return _train(cfg, process_index, process_count, None, None)
+    client = distributed.client()
+    watchdog = peers.Watchdog(client, process_index, process_count, cfg.jax_distributed_heartbeat_timeout_seconds)
+    watchdog.start()
+    stop = job_stop.JobStop(client, process_index)
     try:
-      with jax.set_mesh(run.mesh):
-        return Loop(run.state, run.steps, run.batches, run.hooks, last_step=cfg.steps).train()
-    except NonFiniteLoss as e:
-      kept = run.checkpointer.steps() if run.checkpointer is not None else []
-      kept_text = f"; the last good checkpoint is {kept[-1]}" if kept else ""
-      raise UserError(f"{e} (metrics so far in {out_dir}{kept_text})") from None
+      losses = _train(cfg, process_index, process_count, watchdog, stop)
+    except UserError as e:
+      watchdog.leave(error=str(e))
+      raise
+    except BaseException as e:  # a collective that failed because a peer went away: the watchdog names it
+      watchdog.settle()
+      watchdog.leave(error=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:150] if str(e).strip() else ''}")
+      raise
     finally:
+      stop.close()
+    watchdog.leave()
+    return losses
+
+
+def _train(cfg, process_index, process_count, watchdog, stop):
+  devices = jax.devices()
+  num_devices, num_processes = (
+    preflight.planned_devices(cfg, len(devices)) if cfg.dry_run else (len(devices), process_count)
+  )
+  run_shape = RunShape.of(cfg, num_devices)
+  plan = precision.plan_from_config(cfg)
+  mesh_sizes = preflight.sharding_plan(cfg, plan, num_devices, num_processes)
+  mem = preflight.print_plan(cfg, plan, run_shape, mesh_sizes, devices)
+  if cfg.dry_run:
+    return []
+  preflight.check_memory(cfg, mem, devices)
+  preflight.check_storage(cfg)
+  out_dir = preflight.run_dir(cfg)
+  preflight.check_writable(out_dir)
+  if watchdog is not None:  # jax's C++ messages (and its abort, should it come first) into the run directory
+    log_dir = tempfile.gettempdir() if storage.is_remote(out_dir) else out_dir  # object storage has no append
+    peers.native_stderr_to(os.path.join(log_dir, f"native_stderr.process{process_index}.log"))
+  compile_cache.configure(cfg.jax_cache_dir)
+  run = run_setup.build(cfg, plan, run_shape, devices, process_index, process_count, out_dir)
+  try:
+    with jax.set_mesh(run.mesh):
+      loop = Loop(
+        run.state,
+        run.steps,
+        run.batches,
+        run.hooks,
+        last_step=cfg.steps,
+        should_stop=stop.requested if stop else preemption.requested,
+        stop_point=stop.poll if stop else None,
+      )
+      return loop.train()
+  except NonFiniteLoss as e:
+    kept = run.checkpointer.steps() if run.checkpointer is not None else []
+    kept_text = f"; the last good checkpoint is {kept[-1]}" if kept else ""
+    raise UserError(f"{e} (metrics so far in {out_dir}{kept_text})") from None
+  except BaseException:
+    if watchdog is not None:
+      watchdog.settle()  # before closing (Orbax's barriers would wait for a lost peer)
+    run.close(after_failure=True)
+    raise
+  finally:
+    if not run.closed:
       run.close()

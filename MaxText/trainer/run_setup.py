@@ -3,6 +3,7 @@ the hooks the loop calls (metrics, eval, checkpoints, profiler, stops), gathered
 
 import dataclasses
 import json
+import logging
 import os
 import typing
 
@@ -12,7 +13,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from MaxText import checkpointing, data, storage
+from MaxText import checkpointing, data, precision, storage
 from MaxText.checkpointing import parameters
 from MaxText.errors import UserError
 from MaxText.model import accounting
@@ -24,6 +25,8 @@ from MaxText.trainer.hooks.checkpoint import CheckpointHook
 from MaxText.trainer.hooks.eval import EvalHook
 from MaxText.trainer.hooks.preemption import StopHook
 from MaxText.trainer.train_step import StepFunctions, TrainState
+
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -38,24 +41,33 @@ class Run:
   checkpointer: typing.Optional[checkpointing.Checkpointer]
   closing: list  # what to close when the run is over, in the order it was opened (hooks included)
   lock: typing.Optional[run_lock.RunLock]
+  closed: bool = False
 
-  def close(self):
-    """Closes everything, newest first, even if one fails (the first failure is raised after); releases the lock."""
+  def close(self, after_failure=False):
+    """Closes everything, newest first, even if one fails, then releases the lock (once). A close that fails is
+    raised after the others closed; `after_failure` (the run is already failing with its own error): each is
+    logged as a warning instead, so the error the user must see stays the one raised."""
+    if self.closed:
+      return
+    self.closed = True
     try:
-      _close_all(self.closing)
+      close_all(self.closing, after_failure)
     finally:
       if self.lock is not None:
         self.lock.release()
 
 
-def _close_all(things):
+def close_all(things, after_failure=False):
+  """Closes `things` newest first; every one is tried. The first failure is raised after (`after_failure`: logged)."""
   failure = None
   for thing in reversed(things):
     try:
       thing.close()
-    except Exception as e:  # pylint: disable=broad-except  (the rest must still close; the first is raised after)
+    except Exception as e:  # pylint: disable=broad-except  (the rest must still close)
+      if after_failure:
+        _log.warning("closing %s after the failure failed too: %s", type(thing).__name__, e)
       failure = failure or e
-  if failure is not None:
+  if failure is not None and not after_failure:
     raise failure
 
 
@@ -98,23 +110,42 @@ def _optimizer_count(opt_state):
 
 
 def _initial_state(cfg, checkpointer, template):
-  """(steps completed, state tree, data position): the run's own newest checkpoint, else a load_* path."""
+  """(steps completed, state tree, data position, the config it was written under or {}): the run's own newest
+  checkpoint, else a load_* path."""
   if checkpointer is not None:
     restored = checkpointer.restore_latest(template)
     if restored is not None:
       step, tree, data_state = restored
       print(f"resuming from checkpoint {checkpointer.directory}/{step}", flush=True)
-      return step, tree, data_state
+      return step, tree, data_state, _written_under(checkpointer.directory / str(step))
   if cfg.load_full_state_path:
     tree, data_state, step = checkpointing.restore_step_dir(cfg.load_full_state_path, template)
     step = _optimizer_count(tree["opt_state"]) if step is None else step
     print(f"loaded the full state from {cfg.load_full_state_path} (step {step})", flush=True)
-    return step, tree, data_state
+    return step, tree, data_state, _written_under(cfg.load_full_state_path)
   if cfg.load_parameters_path:
     params = parameters.load(cfg, cfg.load_parameters_path, template["params"])
     print(f"loaded parameters from {cfg.load_parameters_path}; fresh optimizer state, step 0", flush=True)
-    return 0, {**template, "params": params}, {}
-  return 0, template, {}
+    return 0, {**template, "params": params}, {}, {}
+  return 0, template, {}, {}
+
+
+def _written_under(step_dir):
+  """The settings a checkpoint's meta says it was written under ({} when it doesn't say)."""
+  try:
+    return dict(checkpointing.read_meta(step_dir).get("config") or {})
+  except Exception:  # pylint: disable=broad-except  (the state restored; a meta it can't read says nothing)
+    return {}
+
+
+def _recipe_change(cfg, step, written_under):
+  """A resumed state that another recipe or plan trained: said in one line; the record for metrics.jsonl."""
+  change = precision.change_on_resume(written_under, cfg, step) if written_under else None
+  if change is None:
+    return {}
+  line, record = change
+  print(line, flush=True)
+  return {"recipe_change": record}
 
 
 def _restore_position(data_iter, data_state, process_index, dataset_type):
@@ -166,21 +197,23 @@ def _own_directory(cfg, out_dir, process_index):
 
 
 def _state(cfg, mesh, checkpointer, data_iter, process_index):
-  """(graphdef, optimizer, TrainState) fresh or restored, with the data iterator moved to its position."""
+  """(graphdef, optimizer, TrainState, notes for the first metrics row) fresh or restored, with the data iterator
+  moved to its position; a recipe or plan other than the one that trained the restored state is said."""
   with jax.set_mesh(mesh):
     graphdef, params, rest = init_sharded(cfg, mesh)
     tx = optimizer.make_optimizer(cfg)
     template = TrainState(0, params, rest, jax.jit(tx.init)(params)).checkpoint_tree()
-  step, tree, data_state = _initial_state(cfg, checkpointer, template)
+  step, tree, data_state, written_under = _initial_state(cfg, checkpointer, template)
   if step >= cfg.steps:
     print(f"the run is at step {step} already (steps={cfg.steps}): nothing to train; raise steps to go on", flush=True)
   _restore_position(data_iter, data_state, process_index, cfg.dataset_type)
-  return graphdef, tx, TrainState(step, tree["params"], tree.get("amax_history", rest), tree["opt_state"])
+  state = TrainState(step, tree["params"], tree.get("amax_history", rest), tree["opt_state"])
+  return graphdef, tx, state, _recipe_change(cfg, step, written_under)
 
 
-def _hooks(cfg, run_shape, steps, batch_sharding, checkpointer, writer, out_dir, process_index, process_count):
-  """The loop's hooks, in the order they run: eval (adds to the step's record), metrics (writes it), checkpoint
-  (flushes the metrics, then saves), profiler, stop."""
+def _hooks(cfg, run_shape, steps, batch_sharding, checkpointer, writer, out_dir, process_index, process_count, notes):
+  """The loop's hooks, in the order they run: eval (adds to the step's record), metrics (writes it, the first row
+  with `notes`), checkpoint (flushes the metrics, then saves), profiler, stop."""
   hooks = []
   if steps.eval_step is not None:
     make_iterator = lambda: data.make_eval_iterator(cfg, run_shape, process_index, process_count)
@@ -200,6 +233,7 @@ def _hooks(cfg, run_shape, steps, batch_sharding, checkpointer, writer, out_dir,
       flops=accounting.training_flops_per_device(cfg),
       tokens_per_device=run_shape.tokens_per_step / run_shape.num_devices,
       schedule=optimizer.learning_rate_schedule(cfg),
+      notes=notes,
     )
   )
   if checkpointer is not None:
@@ -230,7 +264,7 @@ def build(cfg, plan, run_shape, devices, process_index, process_count, out_dir):
         cfg=cfg,
       )
       opened.append(checkpointer)
-    graphdef, tx, state = _state(cfg, mesh, checkpointer, data_iter, process_index)
+    graphdef, tx, state, notes = _state(cfg, mesh, checkpointer, data_iter, process_index)
     shardings = jax.tree.map(lambda a: a.sharding, (state.params, state.opt_state))
     writer = metrics.MetricsWriter(
       out_dir,
@@ -241,14 +275,16 @@ def build(cfg, plan, run_shape, devices, process_index, process_count, out_dir):
     )
     opened.append(writer)
     steps = StepFunctions(cfg, graphdef, tx, plan, shardings)
-    hooks = _hooks(cfg, run_shape, steps, batch_sharding, checkpointer, writer, out_dir, process_index, process_count)
+    hooks = _hooks(
+      cfg, run_shape, steps, batch_sharding, checkpointer, writer, out_dir, process_index, process_count, notes
+    )
     opened[:] = [data_iter, *hooks]  # the hooks close what they hold: the writer, the checkpointer, the profiler
     batches = prefetch.Prefetcher(data_iter, lambda b: global_batch(b, batch_sharding), cfg.data_prefetch_depth)
     opened.append(batches)
     return Run(mesh, state, steps, batches, hooks, checkpointer, opened, lock)
   except BaseException:
     try:
-      _close_all(opened)
+      close_all(opened, after_failure=True)
     finally:
       if lock is not None:
         lock.release()

@@ -272,8 +272,28 @@ def test_a_save_that_fails_in_the_background_stops_the_run_at_once(tmp_path):
     f"error: saving the checkpoint at step 2 in {tmp_path}/full/checkpoints failed (File "
     "too large); no checkpoint was saved before it"
   )
-  assert not [p for p in (tmp_path / "full" / "checkpoints").iterdir() if p.name.isdigit()]
+  # Nothing a resume or a listing would see: no step directory, and not Orbax's unfinished '2.orbax-checkpoint-tmp'.
+  assert sorted(p.name for p in (tmp_path / "full" / "checkpoints").iterdir()) == []
   assert proc.stdout.count("completed step") <= 6  # noticed within a few steps, not at the next period
+
+
+def test_what_an_interrupted_save_left_is_gone_when_the_next_run_starts(tmp_path):
+  """A save killed midway leaves Orbax's '<step>.orbax-checkpoint-tmp*' directory: the next checkpointer removes it
+  before anything lists the steps, and the newest complete checkpoint is the one resumed."""
+  state = {"w": np.arange(4.0)}
+  first = checkpointing.Checkpointer(tmp_path / "ck", period=1, max_to_keep=0, async_save=False)
+  first.save(1, state, {}, force=True)
+  first.close()
+  unfinished = tmp_path / "ck" / "2.orbax-checkpoint-tmp-1732512345"
+  (unfinished / "state").mkdir(parents=True)
+  (unfinished / "state" / "half_written").write_bytes(b"x" * 100)
+  again = checkpointing.Checkpointer(tmp_path / "ck", period=1, max_to_keep=0, async_save=False)
+  try:
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["1"] and again.steps() == [1]
+    step, restored, _ = again.restore_latest(state)
+    assert step == 1 and np.array_equal(restored["w"], state["w"])
+  finally:
+    again.close()
 
 
 def test_a_checkpoint_directory_gone_mid_run_names_the_step_and_the_last_good_one(tmp_path, monkeypatch, capsys):
@@ -304,6 +324,7 @@ def test_a_checkpoint_directory_gone_mid_run_names_the_step_and_the_last_good_on
   assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.heavy
 def test_resume_under_other_data_or_recipe_state_is_named_and_nothing_is_moved(tmp_path, corpus, capsys):
   def run(*extra, name="x"):
     code = train.main(
@@ -338,6 +359,22 @@ def test_resume_under_other_data_or_recipe_state_is_named_and_nothing_is_moved(t
   code, out, _ = run("steps=3", f"load_full_state_path={tmp_path / 'best'}", "enable_checkpointing=false", name="y")
   assert code == 0 and f"loaded the full state from {tmp_path / 'best'} (step 2)" in out
   assert "completed step: 2," in out and "completed step: 1," not in out
+  assert "recipe change" not in out
+  # Another recipe on resume (a late switch to NVFP4): it goes on, saying so in one line, and metrics.jsonl says it.
+  code, out, _ = run("steps=3", "quantization=te_nvfp4")
+  change = [line for line in out.splitlines() if "recipe change" in line]
+  assert code == 0 and change == [
+    "recipe change on resume at step 2: the checkpoint was trained with quantization=bf16 (layers 0-1: bf16); "
+    "this run goes on with quantization=te_nvfp4 (layers 0-1: mlp te_nvfp4, attention bf16)"
+  ], out
+  rows = [json.loads(l) for l in (tmp_path / "x" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [0, 1, 2] and "recipe_change" not in rows[1]
+  assert rows[2]["recipe_change"] == {
+    "step": 2,
+    "from": {"recipe": "quantization=bf16", "plan": "layers 0-1: bf16"},
+    "to": {"recipe": "quantization=te_nvfp4", "plan": "layers 0-1: mlp te_nvfp4, attention bf16"},
+  }
+  assert "recipe change" not in run("steps=4", "quantization=te_nvfp4")[1]  # the same recipe as checkpoint 3's
 
 
 def test_checkpoints_from_before_absolute_paths_still_match(tmp_path, monkeypatch):

@@ -3,10 +3,12 @@ an unreachable coordinator is a clear error."""
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 
 import jax
 import pytest
@@ -201,3 +203,77 @@ def test_a_stop_request_ends_the_wait_for_other_processes():
   finally:
     with preemption.installed():  # entering resets the request for whatever runs next
       pass
+
+
+def _two_trainers(tmp_path, *extra, run="job"):
+  """Two train.py processes of one job (checkpoints every 4 steps, synchronous saves), stdout/stderr piped."""
+  port = _free_port()
+  args = [sys.executable, "train.py", "configs/llama3_tiny.yml", *SMALL, "per_device_batch_size=2", "hardware=cpu"]
+  args += ["ici_fsdp_parallelism=2", "dcn_data_parallelism=2", f"base_output_directory={tmp_path}", f"run_name={run}"]
+  args += ["enable_checkpointing=true", "checkpoint_period=4", "async_checkpointing=false", *extra]
+  return [
+    subprocess.Popen(args, cwd=REPO, env=_env(rank, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for rank in (0, 1)
+  ]
+
+
+def _read_until(proc, prefix):
+  lines = []
+  for line in proc.stdout:
+    lines.append(line)
+    if line.startswith(prefix):
+      return lines
+  raise AssertionError(f"ended before {prefix!r}: {''.join(lines[-5:])}{proc.stderr.read()[-2000:]}")
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_the_job_after_one_step_with_one_checkpoint(tmp_path):
+  """A node's preemption notice (SIGTERM to process 1 only): both processes stop after the same step, one
+  checkpoint holds it, both exit 0; the same command resumes there and finishes."""
+  procs = _two_trainers(tmp_path, "steps=100000")
+  try:
+    _read_until(procs[1], "completed step: 6,")
+    procs[1].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=300) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+  stops = [re.findall(r"^(.*): stopped after step (\d+), checkpoint (\S+)$", out, re.M) for out, _ in outs]
+  assert stops[0][0][0] == "SIGTERM to process 1" and stops[1][0][0] == "SIGTERM", stops
+  assert stops[0][0][1:] == stops[1][0][1:], stops  # the same step, the same checkpoint
+  done = int(stops[0][0][1]) + 1
+  ckpts = tmp_path / "job" / "checkpoints"
+  assert stops[0][0][2] == str(ckpts / str(done)) and (ckpts / str(done)).is_dir()
+  assert not [p for p in ckpts.iterdir() if not p.name.isdigit()]
+  procs = _two_trainers(tmp_path, f"steps={done + 2}")
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+  for out, _ in outs:
+    assert f"resuming from checkpoint {ckpts / str(done)}" in out and f"completed step: {done + 1}," in out
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_process_is_one_line_on_the_other_and_the_rerun_resumes(tmp_path):
+  """kill -9 of process 1 mid-run: process 0 names it in one line within the heartbeat timeout and exits 75, jax's
+  abort and stack trace (if any) in the run directory's log, not on stderr; the rerun resumes from the last
+  complete checkpoint."""
+  procs = _two_trainers(tmp_path, "steps=100000", "jax_distributed_heartbeat_timeout_seconds=10")
+  try:
+    _read_until(procs[1], "completed step: 9,")
+    procs[1].kill()
+    start = time.monotonic()
+    _, err = procs[0].communicate(timeout=120)
+    seconds = time.monotonic() - start
+  finally:
+    for p in procs:
+      p.kill()
+  assert procs[0].returncode == 75 and seconds < 10, (seconds, err[-3000:])
+  assert "Check failure stack trace" not in err and len(err.strip().splitlines()) == 1, err[-3000:]
+  assert re.match(r"^error: process 1 \(.*\) stopped answering: no heartbeat for \d+ s", err), err
+  ckpts = tmp_path / "job" / "checkpoints"
+  last = max(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
+  procs = _two_trainers(tmp_path, f"steps={last + 2}")
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+  assert all(f"resuming from checkpoint {ckpts / str(last)}" in out for out, _ in outs)

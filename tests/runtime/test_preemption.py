@@ -1,8 +1,11 @@
-"""Clean stops: SIGTERM/SIGINT request a stop (exit status 0 / 130), a second signal ends the process at once."""
+"""Clean stops: SIGTERM/SIGINT request a stop (exit status 0 / 130), a second signal ends the process at once, also
+while XLA compiles."""
 
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -39,3 +42,35 @@ def test_second_signal_ends_the_process(sig, code):
   )
   assert "still alive" not in proc.stdout and proc.returncode == code
   assert f"{sig} again: exiting now without a checkpoint" in proc.stderr
+
+
+def test_a_second_signal_ends_train_py_while_xla_compiles(tmp_path):
+  """A real trainer compiling its first step (a fresh compilation cache, unrolled layers: seconds in XLA's compiler,
+  one native call): SIGTERM, then SIGTERM again, and the process is gone within 2 s of the second (#35)."""
+  from tests.trainer.test_train import SMALL  # pylint: disable=import-outside-toplevel
+
+  args = [
+    sys.executable,
+    "train.py",
+    "configs/llama3_tiny.yml",
+    *SMALL,
+    "scan_layers=false",
+    "base_num_decoder_layers=6",
+  ]
+  args += ["steps=3", f"base_output_directory={tmp_path}", f"jax_cache_dir={tmp_path / 'cache'}"]
+  # The profiler's warning is the last line before the loop: the state is built, the first step compiles next.
+  args += ["profiler=xplane", "skip_first_n_steps_for_profiler=5"]
+  proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    while not proc.stdout.readline().startswith("warning: profiler=xplane"):
+      assert proc.poll() is None, proc.stderr.read()
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    start = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 2.0 and proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+  finally:
+    proc.kill()
+  assert "completed step" not in out and err.strip().endswith("SIGTERM again: exiting now without a checkpoint")

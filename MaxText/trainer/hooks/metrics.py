@@ -106,8 +106,9 @@ class MetricsHook(Hook):
   weights, gradient norm, learning rate, quantization telemetry) for `writer`; records are written when the loop
   hands the steps over, after other hooks (eval) added theirs."""
 
-  def __init__(self, writer: MetricsWriter, *, flops, tokens_per_device, schedule):
+  def __init__(self, writer: MetricsWriter, *, flops, tokens_per_device, schedule, notes=None):
     self.writer, self.flops, self.tokens_per_device, self.schedule = writer, flops, tokens_per_device, schedule
+    self.notes = notes or {}  # what the first row this run writes also records (a recipe change on resume)
 
   def on_step(self, result, progress):
     seconds = result.seconds
@@ -124,6 +125,8 @@ class MetricsHook(Hook):
     )
     if "quant_stats" in result.metrics:
       result.record.update(precision.stats_record(result.plan, jax.device_get(result.metrics["quant_stats"])))
+    result.record.update(self.notes)
+    self.notes = {}
     record = result.record
     print(
       step_line(

@@ -1,5 +1,5 @@
-"""A stop request (SIGTERM, SIGINT: runtime/preemption.py) as the loop's event: the line saying where the run
-stopped and what was saved."""
+"""A stop request (SIGTERM, SIGINT: runtime/preemption.py; in a multi-process job the stop every process agreed on,
+runtime/job_stop.py) as the loop's event: the line saying where the run stopped and what was saved."""
 
 from MaxText.runtime import preemption
 from MaxText.trainer.loop import Hook
@@ -15,7 +15,7 @@ class StopHook(Hook):
     step = progress.state.step
     if not trained:
       print(
-        f"{preemption.signal_name()} before step {step}: stopped, nothing trained"
+        f"{preemption.reason()} before step {step}: stopped, nothing trained"
         + (f" (the checkpoint at step {step} is unchanged)" if step else ""),
         flush=True,
       )
@@ -25,4 +25,4 @@ class StopHook(Hook):
       if self.checkpoint_dir is not None
       else " (enable_checkpointing=false: nothing saved)"
     )
-    print(f"{preemption.signal_name()}: stopped after step {step - 1}{where}", flush=True)
+    print(f"{preemption.reason()}: stopped after step {step - 1}{where}", flush=True)
