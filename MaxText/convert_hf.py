@@ -18,14 +18,11 @@ python -m MaxText.convert_hf to-hf CONFIG_OR_RUN_DIR OUT_DIR [--dtype bfloat16|f
 """
 
 import argparse
-import logging
 import pathlib
 import sys
 
-from MaxText import checkpointing, config as config_lib
+from MaxText import checkpointing, cli, config as config_lib
 from MaxText.checkpointing import parameters
-from MaxText.errors import UserError
-from MaxText.quantization.errors import QuantizationError
 from MaxText.checkpointing.hf import HFError, exporter, importer, nvfp4_export
 from MaxText.checkpointing.hf.checkpoint import is_hf_dir
 from MaxText.checkpointing.hf.output_dir import check_output_dir
@@ -122,27 +119,21 @@ def export_nvfp4(args, log=print):
   )
 
 
+def _convert(argv):
+  args = _parser().parse_args(argv)
+  if args.command == "to-maxtext":
+    importer.import_checkpoint(args.hf_dir, args.out_dir, direct=args.direct, fused_mlp=args.fused_mlp)
+  elif args.nvfp4:
+    export_nvfp4(args)
+  else:
+    if args.calibration_batches is not None:
+      raise HFError("--calibration-batches applies to --nvfp4 exports only")
+    cfg, step_dir = export_source(args.source, args.overrides)
+    exporter.export(cfg, step_dir, args.out_dir, dtype=args.dtype, max_shard_bytes=args.max_shard_size)
+
+
 def main(argv=None):
-  argv = sys.argv[1:] if argv is None else argv
-  logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-  if not argv or argv[0] in ("-h", "--help"):
-    print(__doc__.strip())
-    return 0 if argv else 2
-  try:
-    args = _parser().parse_args(argv)
-    if args.command == "to-maxtext":
-      importer.import_checkpoint(args.hf_dir, args.out_dir, direct=args.direct, fused_mlp=args.fused_mlp)
-    elif args.nvfp4:
-      export_nvfp4(args)
-    else:
-      if args.calibration_batches is not None:
-        raise HFError("--calibration-batches applies to --nvfp4 exports only")
-      cfg, step_dir = export_source(args.source, args.overrides)
-      exporter.export(cfg, step_dir, args.out_dir, dtype=args.dtype, max_shard_bytes=args.max_shard_size)
-  except (UserError, config_lib.ConfigError, checkpointing.CheckpointError, QuantizationError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  return 0
+  return cli.run(__doc__, argv, _convert)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,13 @@ it was trained with, no stochastic rounding).
 """
 
 import json
-import logging
 import os
 import pathlib
 import sys
 
 import jax
 
-from MaxText import checkpointing, config as config_lib
+from MaxText import checkpointing, cli, config as config_lib
 from MaxText import data, precision
 from MaxText.checkpointing import parameters
 from MaxText.inference import sampling
@@ -25,19 +24,7 @@ from MaxText.model.decoder import abstract_model
 from MaxText.runtime import distributed, sharding
 from MaxText.errors import UserError
 from MaxText.inference.generate import Generator
-from MaxText.quantization import backends
 from MaxText.trainer.run import matmul_precision
-
-# Mistakes the user can fix: one line on stderr, exit code 2 (as the trainer's).
-USER_ERRORS = (
-  config_lib.ConfigError,
-  UserError,
-  data.TokenizerError,
-  checkpointing.CheckpointError,
-  sharding.ShardingError,
-  distributed.DistributedError,
-  backends.BackendError,
-)
 
 
 def check_decode_keys(cfg):
@@ -174,18 +161,12 @@ def decode(cfg, log=print):
   return records
 
 
+def _decode(argv):
+  decode(config_lib.load(*config_lib.split_argv(argv)))
+
+
 def main(argv=None):
-  argv = sys.argv[1:] if argv is None else argv
-  logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-  if not argv or argv[0] in ("-h", "--help"):
-    print(__doc__.strip())
-    return 0 if argv else 2
-  try:
-    decode(config_lib.load(*config_lib.split_argv(argv)))
-  except USER_ERRORS as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  return 0
+  return cli.run(__doc__, argv, _decode)
 
 
 if __name__ == "__main__":

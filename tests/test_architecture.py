@@ -18,6 +18,7 @@ RANKS = [
   ("MaxText.errors", 0),
   ("MaxText.quantization", 0),
   ("MaxText.config", 1),
+  ("MaxText.cli", 1),  # what the command lines share
   ("MaxText.storage", 1),  # local paths and URLs (fsspec), for everything above that reads or writes files
   ("MaxText.runtime", 2),
   ("MaxText.data", 2),
