@@ -2,39 +2,15 @@
 
 import math
 
-from MaxText.config.schema import MESH_AXES, SCHEMA, ConfigError
+from MaxText.config.schema import MESH_AXES, RANGES, SCHEMA, ConfigError, check_number
 from MaxText.quantization.formats import Format
 from MaxText.quantization.recipes import get_recipe, recipe_names
 
 
 def validate(c):
   """ConfigError for the first cross-key mistake in Config `c`."""
-  positive = (
-    "steps",
-    "max_target_length",
-    "gradient_accumulation_steps",
-    "base_emb_dim",
-    "base_num_query_heads",
-    "base_num_kv_heads",
-    "head_dim",
-    "base_mlp_dim",
-    "base_num_decoder_layers",
-    "vocab_size",
-    "log_period",
-  )
-  for name in positive:
-    if getattr(c, name) <= 0:
-      raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
-  if c.per_device_batch_size <= 0:
-    raise ConfigError(f"per_device_batch_size={c.per_device_batch_size} must be > 0")
-  for name in ("grain_worker_count", "skip_first_n_steps_for_profiler", "data_prefetch_depth"):
-    if getattr(c, name) < 0:
-      raise ConfigError(f"{name}={getattr(c, name)} must be >= 0")
-  for name in ("eval_steps", "checkpoint_period", "grain_max_pieces_per_document", "profiler_steps"):
-    if getattr(c, name) <= 0:
-      raise ConfigError(f"{name}={getattr(c, name)} must be > 0")
-  if c.max_num_checkpoints_to_keep < 0:
-    raise ConfigError(f"max_num_checkpoints_to_keep={c.max_num_checkpoints_to_keep} must be >= 0 (0 = keep all)")
+  for name in RANGES:  # what loading checked value by value, again for a Config made any other way
+    check_number(name, getattr(c, name), "config")
   if c.load_parameters_path and c.load_full_state_path:
     raise ConfigError("set load_parameters_path or load_full_state_path, not both")
   if c.dataset_type == "grain" and not c.grain_train_files:
