@@ -240,7 +240,7 @@ def export(
   size = sum(t.nbytes for t in export_tensors)
   log(
     f"exported {step_dir} -> {out_dir}: {recipe.name} MLPs of {len(layers)} of {cfg.base_num_decoder_layers} layers "
-    f"in ModelOpt NVFP4, {size / 1e9:.3f} GB in {len(files)} file(s); input_scale {calibration['source']}"
+    f"in ModelOpt NVFP4, {size / 1e6:,.1f} MB in {len(files)} file(s); input_scale {calibration['source']}"
   )
   return out_dir
 
