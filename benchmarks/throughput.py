@@ -107,9 +107,7 @@ def step_memory(cfg, profile_summary=None):
     return None
   graphdef, params, rest = abstract_model(cfg)
   tx = optimizer.make_optimizer(cfg)
-  step = train_step.make_train_step(
-    graphdef, tx, precision.plan_from_config(cfg), cfg.gradient_accumulation_steps, cfg.seed
-  )
+  step = train_step.make_train_step(graphdef, tx, precision.plan_from_config(cfg), cfg.gradient_accumulation_steps)
   b, l = config.RunShape.of(cfg, 1).global_batch_size, cfg.max_target_length
   tokens = jax.ShapeDtypeStruct((b, l), jnp.int32)
   batch = {
@@ -119,8 +117,10 @@ def step_memory(cfg, profile_summary=None):
     "segment_ids": tokens,
     "weights": jax.ShapeDtypeStruct((b, l), jnp.float32),
   }
+  step_index = jax.ShapeDtypeStruct((), jnp.int32)
+  opt_state = jax.eval_shape(tx.init, params)
   return profiling.compiled_memory(
-    step.lower(params, rest, jax.eval_shape(tx.init, params), batch, jax.ShapeDtypeStruct((), jnp.int32)).compile()
+    step.lower(params, rest, opt_state, batch, step_index, jax.random.key(cfg.seed)).compile()
   )
 
 

@@ -72,16 +72,17 @@ def close_all(things, after_failure=False):
 
 
 def init_sharded(cfg, mesh):
-  """(graphdef, params, rest) created directly in their shardings (nothing materialised whole on one device)."""
+  """(graphdef, params, rest) created directly in their shardings (nothing materialised whole on one device). The
+  seed's key is the program's argument, not a constant in it: every seed runs one compiled init."""
   graphdef, abstract_params, abstract_rest = abstract_model(cfg)
   shardings = sharding.param_shardings(abstract_params, mesh)
   replicated = jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract_rest)
 
-  def init():
-    _, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(cfg.seed)), nnx.Param, ...)
+  def init(seed_key):
+    _, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed_key)), nnx.Param, ...)
     return params, rest
 
-  params, rest = jax.jit(init, out_shardings=(shardings, replicated))()
+  params, rest = jax.jit(init, out_shardings=(shardings, replicated))(jax.random.key(cfg.seed))
   return graphdef, params, rest
 
 
