@@ -124,11 +124,11 @@ def make_eval_step(graphdef, plan):
 class StepFunctions:
   """The compiled train steps a run needs, never one per step: the plan's, the all-BF16 one from
   high_precision_from_step, and each with telemetry every quantization_stats_period; plus the eval step.
-  `seed_key` is the run's key, the train steps' last argument."""
+  `seed_key`: the run's jax.random.key(seed), the train steps' last argument."""
 
-  def __init__(self, cfg, graphdef, tx, plan, state_shardings):
+  def __init__(self, cfg, graphdef, tx, plan, state_shardings, seed_key):
     self.cfg, self.graphdef, self.tx, self.state_shardings = cfg, graphdef, tx, state_shardings
-    self.seed_key = jax.random.key(cfg.seed)
+    self.seed_key = seed_key
     self.plans = {False: plan, True: precision.plan_from_config(cfg, high_precision=True)}
     self._compiled = {}
     self.eval_step = make_eval_step(graphdef, plan) if cfg.eval_interval > 0 else None
