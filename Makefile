@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup data data-english train compare test test-all lint bench clean te test-te
+.PHONY: setup data data-english train compare test test-all lint bench gpu-bench clean te test-te
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,11 @@ test-te: te
 
 bench: setup
 	$(PY) benchmarks/quantize_bench.py
+
+# Issue #20's GPU measurements, part by part (scripts/gpu_bench.sh: ARGS="throughput-8b", "--cpu-smoke", ...). No
+# setup: on a GPU host it runs the host's python3 (PYTHON=...), with the wheels fetch_wheels.sh made in .whl/.
+gpu-bench:
+	scripts/gpu_bench.sh $(ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-te outputs data .pytest_cache

@@ -13,7 +13,9 @@ device milliseconds per step by category (GEMMs by operand dtype, attention, qua
 elementwise work, collectives, copies) and the attention kernels' achieved TFLOP/s (cuDNN attention only:
 causal FLOPs, forward + backward = 3 x forward). Memory per mode: the compiled step's peak device memory from
 XLA's memory analysis (the trainer's step as profiled; without a profile, compiled again on one device) and,
-on GPUs, the allocator's peak_bytes_in_use (the process's peak so far). On an NVIDIA GPU the run uses
+on GPUs, the allocator's peak_bytes_in_use (the process's peak so far). The host gap per step: the median wall
+step time minus the profiled device time per step, the time a GPU waits on the host (on CPU, whose ops run on
+several threads at once, it means nothing). On an NVIDIA GPU the run uses
 scripts/xla_flags.py's flags (--no-gpu-xla-flags: only $XLA_FLAGS).
 """
 
@@ -43,7 +45,8 @@ DEFAULT_MODES = ["bf16", "te_fp8_currentscaling", "te_nvfp4"]
 
 def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps=0):
   """One row per mode: {mode, median_s, tflops_per_device, tokens_per_device, ratio, mfu, final_loss,
-  peak_memory_bytes, step_memory, allocator_peak_bytes, profile, attention_tflops}."""
+  peak_memory_bytes, step_memory, allocator_peak_bytes, profile, attention_tflops, device_ms_per_step,
+  host_gap_ms (median wall step time minus the profiled device time per step; None without a profile)}."""
   rows = []
   peak = modes_lib.peak_tflops(jax.devices()[0].device_kind)
   profile = (
@@ -77,6 +80,7 @@ def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps
       json.loads((run_dir / "profile_summary.json").read_text(encoding="utf-8")) if profile_steps else None
     )
     memory = step_memory(cfg, profile_summary)
+    device_ms = profile_summary["device_ms_per_step"] if profile_summary else None
     rows.append(
       {
         "mode": label,
@@ -90,6 +94,9 @@ def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps
         "allocator_peak_bytes": allocator_peak,
         "profile": profile_summary,
         "attention_tflops": (profile_summary or {}).get("attention_tflops"),
+        "device_ms_per_step": device_ms,
+        # What the device doesn't spend in kernels per step: the host's dispatch, data and sync time it waits on.
+        "host_gap_ms": 1e3 * median - device_ms if device_ms is not None else None,
       }
     )
   for row in rows:
@@ -107,9 +114,7 @@ def step_memory(cfg, profile_summary=None):
     return None
   graphdef, params, rest = abstract_model(cfg)
   tx = optimizer.make_optimizer(cfg)
-  step = train_step.make_train_step(
-    graphdef, tx, precision.plan_from_config(cfg), cfg.gradient_accumulation_steps, cfg.seed
-  )
+  step = train_step.make_train_step(graphdef, tx, precision.plan_from_config(cfg), cfg.gradient_accumulation_steps)
   b, l = config.RunShape.of(cfg, 1).global_batch_size, cfg.max_target_length
   tokens = jax.ShapeDtypeStruct((b, l), jnp.int32)
   batch = {
@@ -119,8 +124,10 @@ def step_memory(cfg, profile_summary=None):
     "segment_ids": tokens,
     "weights": jax.ShapeDtypeStruct((b, l), jnp.float32),
   }
+  step_index = jax.ShapeDtypeStruct((), jnp.int32)
+  opt_state = jax.eval_shape(tx.init, params)
   return profiling.compiled_memory(
-    step.lower(params, rest, jax.eval_shape(tx.init, params), batch, jax.ShapeDtypeStruct((), jnp.int32)).compile()
+    step.lower(params, rest, opt_state, batch, step_index, jax.random.key(cfg.seed)).compile()
   )
 
 
@@ -162,8 +169,8 @@ def breakdown_markdown(rows):
   for r in profiled:
     categories += [c["category"] for c in r["profile"]["categories"] if c["category"] not in categories]
   lines = [
-    "| mode | device ms/step | " + " | ".join(categories) + " | attention TFLOP/s |",
-    "|---|---:|" + "---:|" * (len(categories) + 1),
+    "| mode | device ms/step | " + " | ".join(categories) + " | attention TFLOP/s | host gap ms/step |",
+    "|---|---:|" + "---:|" * (len(categories) + 2),
   ]
   for r in profiled:
     ms = {c["category"]: c["ms_per_step"] for c in r["profile"]["categories"]}
@@ -171,7 +178,7 @@ def breakdown_markdown(rows):
     lines.append(
       f"| {r['mode']} | {r['profile']['device_ms_per_step']:.2f} | "
       + " | ".join(f"{ms.get(c, 0.0):.2f}" for c in categories)
-      + f" | {f'{attention:.0f}' if attention else 'n/a'} |"
+      + f" | {f'{attention:.0f}' if attention else 'n/a'} | {r['host_gap_ms']:.2f} |"
     )
   return "\n".join(lines)
 

@@ -154,7 +154,7 @@ class Loop:
     plan, step_fn = self.steps.for_step(state.step)
     self._call("before_step", state.step)
     params, rest, opt_state, step_metrics = step_fn(
-      state.params, state.rest, state.opt_state, placed.arrays, jnp.int32(state.step)
+      state.params, state.rest, state.opt_state, placed.arrays, jnp.int32(state.step), self.steps.seed_key
     )
     self.in_flight.append(_Dispatched(state.step, plan, step_metrics, step_fn, placed.arrays))
     self.state = TrainState(state.step + 1, params, rest, opt_state)
@@ -178,7 +178,7 @@ class Loop:
     if not np.isfinite(loss):
       raise NonFiniteLoss(done.step, loss)
     state = self.state
-    args = (state.params, state.rest, state.opt_state, done.batch, jnp.int32(done.step))
+    args = (state.params, state.rest, state.opt_state, done.batch, jnp.int32(done.step), self.steps.seed_key)
     result = StepResult(
       done.step, loss, seconds, step_metrics, done.plan, compiled=lambda: done.step_fn.lower(*args).compile()
     )

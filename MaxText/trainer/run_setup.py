@@ -71,17 +71,19 @@ def close_all(things, after_failure=False):
     raise failure
 
 
-def init_sharded(cfg, mesh):
-  """(graphdef, params, rest) created directly in their shardings (nothing materialised whole on one device)."""
+def init_sharded(cfg, mesh, seed_key):
+  """(graphdef, params, rest) created directly in their shardings (nothing materialised whole on one device).
+  `seed_key` (jax.random.key(seed)) is the program's argument, not a constant in it: every seed runs one compiled
+  init."""
   graphdef, abstract_params, abstract_rest = abstract_model(cfg)
   shardings = sharding.param_shardings(abstract_params, mesh)
   replicated = jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract_rest)
 
-  def init():
-    _, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(cfg.seed)), nnx.Param, ...)
+  def init(seed_key):
+    _, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed_key)), nnx.Param, ...)
     return params, rest
 
-  params, rest = jax.jit(init, out_shardings=(shardings, replicated))()
+  params, rest = jax.jit(init, out_shardings=(shardings, replicated))(seed_key)
   return graphdef, params, rest
 
 
@@ -196,11 +198,11 @@ def _own_directory(cfg, out_dir, process_index):
   return lock
 
 
-def _state(cfg, mesh, checkpointer, data_iter, process_index):
+def _state(cfg, mesh, checkpointer, data_iter, process_index, seed_key):
   """(graphdef, optimizer, TrainState, notes for the first metrics row) fresh or restored, with the data iterator
   moved to its position; a recipe or plan other than the one that trained the restored state is said."""
   with jax.set_mesh(mesh):
-    graphdef, params, rest = init_sharded(cfg, mesh)
+    graphdef, params, rest = init_sharded(cfg, mesh, seed_key)
     tx = optimizer.make_optimizer(cfg)
     template = TrainState(0, params, rest, jax.jit(tx.init)(params)).checkpoint_tree()
   step, tree, data_state, written_under = _initial_state(cfg, checkpointer, template)
@@ -264,7 +266,8 @@ def build(cfg, plan, run_shape, devices, process_index, process_count, out_dir):
         cfg=cfg,
       )
       opened.append(checkpointer)
-    graphdef, tx, state, notes = _state(cfg, mesh, checkpointer, data_iter, process_index)
+    seed_key = jax.random.key(cfg.seed)  # the init's and the steps' argument, made once
+    graphdef, tx, state, notes = _state(cfg, mesh, checkpointer, data_iter, process_index, seed_key)
     shardings = jax.tree.map(lambda a: a.sharding, (state.params, state.opt_state))
     writer = metrics.MetricsWriter(
       out_dir,
@@ -274,7 +277,7 @@ def build(cfg, plan, run_shape, devices, process_index, process_count, out_dir):
       first_step=state.step,
     )
     opened.append(writer)
-    steps = StepFunctions(cfg, graphdef, tx, plan, shardings)
+    steps = StepFunctions(cfg, graphdef, tx, plan, shardings, seed_key)
     hooks = _hooks(
       cfg, run_shape, steps, batch_sharding, checkpointer, writer, out_dir, process_index, process_count, notes
     )

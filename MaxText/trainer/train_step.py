@@ -54,8 +54,10 @@ def loss_terms(model, batch, layer_precisions, key, stats_sinks=None):
   return xent_sum, jnp.sum(batch["weights"])
 
 
-def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0, state_shardings=None):
-  """The jitted step: gradient accumulation over micro-batches, clipping and AdamW (state donated).
+def make_train_step(graphdef, tx, plan, accumulation_steps, num_layers=0, state_shardings=None):
+  """The jitted step (params, rest, opt_state, batch, step, seed_key): gradient accumulation over micro-batches,
+  clipping and AdamW (state donated). The run's key (`seed_key`, jax.random.key(seed)) is an argument, not a
+  constant of the program, so every seed runs the same compiled step (one compilation, or one cache entry).
 
   With `num_layers` > 0 the step also returns quantization telemetry ("quant_stats": {gemm:
   [layers, roles, stats]}, averaged over micro-batches) through zero sinks' gradients.
@@ -71,8 +73,8 @@ def make_train_step(graphdef, tx, plan, accumulation_steps, seed, num_layers=0, 
 
     return jax.value_and_grad(loss_sum, argnums=(0, 1, 2), has_aux=True)(params, rest, sinks if num_layers else {})
 
-  def step_fn(params, rest, opt_state, batch, step):
-    step_key = jax.random.fold_in(jax.random.key(seed), step)
+  def step_fn(params, rest, opt_state, batch, step, seed_key):
+    step_key = jax.random.fold_in(seed_key, step)
     micro = jax.tree.map(lambda a: a.reshape(accumulation_steps, -1, *a.shape[1:]), batch)
 
     def accumulate(carry, xs):
@@ -121,10 +123,12 @@ def make_eval_step(graphdef, plan):
 
 class StepFunctions:
   """The compiled train steps a run needs, never one per step: the plan's, the all-BF16 one from
-  high_precision_from_step, and each with telemetry every quantization_stats_period; plus the eval step."""
+  high_precision_from_step, and each with telemetry every quantization_stats_period; plus the eval step.
+  `seed_key`: the run's jax.random.key(seed), the train steps' last argument."""
 
-  def __init__(self, cfg, graphdef, tx, plan, state_shardings):
+  def __init__(self, cfg, graphdef, tx, plan, state_shardings, seed_key):
     self.cfg, self.graphdef, self.tx, self.state_shardings = cfg, graphdef, tx, state_shardings
+    self.seed_key = seed_key
     self.plans = {False: plan, True: precision.plan_from_config(cfg, high_precision=True)}
     self._compiled = {}
     self.eval_step = make_eval_step(graphdef, plan) if cfg.eval_interval > 0 else None
@@ -143,7 +147,6 @@ class StepFunctions:
           self.tx,
           plan,
           cfg.gradient_accumulation_steps,
-          cfg.seed,
           num_layers=cfg.base_num_decoder_layers if stats else 0,
           state_shardings=self.state_shardings,
         ),

@@ -13,11 +13,13 @@ from MaxText.trainer.train_step import TrainState
 class _Steps:
   """for_step -> a 'step' that adds 1 to params; its loss is losses[step]."""
 
+  seed_key = None
+
   def __init__(self, losses):
     self.losses = losses
 
   def for_step(self, step):
-    def step_fn(params, rest, opt_state, batch, step_index):
+    def step_fn(params, rest, opt_state, batch, step_index, seed_key):
       return params + 1, rest, opt_state, {"loss": np.float32(self.losses[int(step_index)])}
 
     return "plan", step_fn

@@ -171,7 +171,7 @@ def _slow_and_poisoned(monkeypatch, nan_at=None, sleep=0.0):
 
     def wrapped(*args):
       *state, step_metrics = fn(*args)
-      return (*state, post(step_metrics, args[-1]))
+      return (*state, post(step_metrics, args[4]))  # args: params, rest, opt_state, batch, step, seed_key
 
     wrapped.lower = fn.lower
     return plan, wrapped

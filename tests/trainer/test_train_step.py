@@ -30,7 +30,7 @@ def _cfg(*extra):
 def _step_and_args(cfg):
   graphdef, params, rest = abstract_model(cfg)
   tx = optimizer.make_optimizer(cfg)
-  step = train_step.make_train_step(graphdef, tx, precision.plan_from_config(cfg), 1, cfg.seed)
+  step = train_step.make_train_step(graphdef, tx, precision.plan_from_config(cfg), 1)
   b, l = int(cfg.per_device_batch_size), cfg.max_target_length
   tokens = jax.ShapeDtypeStruct((b, l), jnp.int32)
   batch = {
@@ -40,7 +40,8 @@ def _step_and_args(cfg):
     "targets": tokens,
     "weights": jax.ShapeDtypeStruct((b, l), jnp.float32),
   }
-  return step, (params, rest, jax.eval_shape(tx.init, params), batch, jax.ShapeDtypeStruct((), jnp.int32))
+  step_index = jax.ShapeDtypeStruct((), jnp.int32)
+  return step, (params, rest, jax.eval_shape(tx.init, params), batch, step_index, jax.random.key(cfg.seed))
 
 
 def _dot_flops(cfg):
