@@ -84,7 +84,7 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, transpose, 
   if recipe.format.per_tensor_fp8:
     if scale is None:
       scale = fp8.per_tensor_scale(pallas_quantize.amax(x, interpret=interpret), grid)
-    return QuantizedTensor(pallas_quantize.fp8_per_tensor(x, grid, scale, **where), None, grids.div_rn(1.0, scale))
+    return QuantizedTensor(pallas_quantize.fp8_per_tensor(x, grid, scale, **where), None, fp8.decode_scale(scale))
   if recipe.format.block_size == mx.BLOCK and cols % mx.BLOCK == 0:
     return QuantizedTensor(pallas_quantize.mx_block_scaled(x, grid, **where), None, jnp.float32(1), tile=(1, mx.BLOCK))
   return None
@@ -134,9 +134,27 @@ def dequantize_operand(q):
   return nvfp4.dequantize(q)
 
 
+def _dot_f32(a_MxK, b_NxK):
+  return jax.lax.dot_general(a_MxK, b_NxK, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _dot_f8_on_cpu(a_MxK, b_NxK):
+  """The f8 x f8 dot as XLA:CPU runs it fastest: on the same values in bf16 (E4M3 and E5M2 values are exact in bf16,
+  and so are their products in f32), each operand materialized as [rows, contraction]. Left as f8, XLA:CPU widens
+  the operands to f32; and a transposed view (the wgrad's x.T and dy.T) folded into the dot as a left operand
+  contracted on its first axis makes it widen bf16 to f32 too. Its f32 GEMMs take two to three times as long as its
+  bf16 ones on CPUs with bf16 dot instructions (avx512_bf16: the 2-core CPU box). The barrier keeps XLA from folding
+  the transposes back into the dot."""
+  a_MxK, b_NxK = jax.lax.optimization_barrier((a_MxK.astype(jnp.bfloat16), b_NxK.astype(jnp.bfloat16)))
+  return _dot_f32(a_MxK, b_NxK)
+
+
 def gemm(a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe):
   """a [M, K] . b_t [N, K]^T for two operands quantized by `recipe`: f32 accumulation, then the epilogue."""
-  acc = jax.lax.dot_general(a.values, b_t.values, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  if jnp.dtype(a.values.dtype).itemsize == 1:  # per-tensor FP8: f8 x f8 (cuBLASLt on a GPU), bf16 x bf16 on a CPU
+    acc = jax.lax.platform_dependent(a.values, b_t.values, cpu=_dot_f8_on_cpu, default=_dot_f32)
+  else:
+    acc = _dot_f32(a.values, b_t.values)
   if recipe.format is Format.NVFP4:
     return acc * nvfp4.gemm_alpha(a.global_scale, b_t.global_scale, a.e4m3_max, b_t.e4m3_max)
   if recipe.format.per_tensor_fp8:
