@@ -140,13 +140,11 @@ def _dot_f32(a_MxK, b_NxK):
 
 def _dot_f8_on_cpu(a_MxK, b_NxK):
   """The f8 x f8 dot as XLA:CPU runs it fastest: on the same values in bf16 (E4M3 and E5M2 values are exact in bf16,
-  and so are their products in f32), each operand materialized as [rows, contraction]. Left as f8, XLA:CPU widens
-  the operands to f32; and a transposed view (the wgrad's x.T and dy.T) folded into the dot as a left operand
-  contracted on its first axis makes it widen bf16 to f32 too. Its f32 GEMMs take two to three times as long as its
-  bf16 ones on CPUs with bf16 dot instructions (avx512_bf16: the 2-core CPU box). The barrier keeps XLA from folding
-  the transposes back into the dot."""
-  a_MxK, b_NxK = jax.lax.optimization_barrier((a_MxK.astype(jnp.bfloat16), b_NxK.astype(jnp.bfloat16)))
-  return _dot_f32(a_MxK, b_NxK)
+  and so are their products in f32). Left as f8, XLA:CPU widens the operands to f32, and its f32 GEMMs take about
+  twice as long as its bf16 ones on CPUs with bf16 dot instructions (avx512_bf16: the 2-core CPU box). Transposed
+  operands (the gradients' x.T, dy.T, w.T) come from QuantizedTensor.T, which on a CPU stores them row by row, as
+  these GEMMs read them."""
+  return _dot_f32(a_MxK.astype(jnp.bfloat16), b_NxK.astype(jnp.bfloat16))
 
 
 def gemm(a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe):
