@@ -42,11 +42,11 @@ def nvfp4_options(recipe: Recipe, role: str, key):
   )
 
 
-def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
+def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None, decode=None):
   """Quantize one GEMM operand [rows, contraction] as `recipe` prescribes for `role`.
 
   Returns a narrow QuantizedTensor (values in the format's own dtype), or x itself for BF16.
-  `scale` is the per-tensor FP8 scale for delayed scaling (from the amax history).
+  `scale` is the per-tensor FP8 scale for delayed scaling (from the amax history), `decode` its inverse if known.
   """
   fmt = recipe.format
   if fmt is Format.BF16:
@@ -57,11 +57,11 @@ def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
     grid = element_grid(recipe, role)
     if scale is None:
       scale = fp8.per_tensor_scale(grids.abs_max(x.astype(jnp.float32)), grid)
-    return fp8.quantize(x, grid, scale)
+    return fp8.quantize(x, grid, scale, decode)
   return mx.quantize(x, element_grid(recipe, role))
 
 
-def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, transpose, interpret):
+def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, decode, transpose, interpret):
   """quantize_for_gemm's Pallas path (same bits), or None where the kernels don't cover the operand."""
   # Imported here: Pallas takes ~0.7 s to import, and only the kernel path needs it.
   from MaxText.quantization.kernels import pallas_quantize  # pylint: disable=import-outside-toplevel
@@ -84,7 +84,8 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, transpose, 
   if recipe.format.per_tensor_fp8:
     if scale is None:
       scale = fp8.per_tensor_scale(pallas_quantize.amax(x, interpret=interpret), grid)
-    return QuantizedTensor(pallas_quantize.fp8_per_tensor(x, grid, scale, **where), None, fp8.decode_scale(scale))
+    decode = fp8.decode_scale(scale) if decode is None else decode
+    return QuantizedTensor(pallas_quantize.fp8_per_tensor(x, grid, scale, **where), None, decode)
   if recipe.format.block_size == mx.BLOCK and cols % mx.BLOCK == 0:
     return QuantizedTensor(pallas_quantize.mx_block_scaled(x, grid, **where), None, jnp.float32(1), tile=(1, mx.BLOCK))
   return None
@@ -92,21 +93,22 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, transpose, 
 
 @functools.partial(jax.jit, static_argnums=(1, 2), static_argnames=("kernels", "transpose"))
 def quantize_for_gemm(
-  x, recipe: Recipe, role: str, key=None, scale=None, *, kernels=Kernels.AUTO, transpose=False
+  x, recipe: Recipe, role: str, key=None, scale=None, decode=None, *, kernels=Kernels.AUTO, transpose=False
 ) -> QuantizedTensor:
   """`quantize_operand` of x (x.T if `transpose`), folded as the GEMM reads it (see the module doc). One call = one
   quantization. `kernels` (quantizer_impl.resolve): the Pallas kernels, which read x and write the transposed
-  operand without materialising x.T, or the XLA path; both give the same bits."""
+  operand without materialising x.T, or the XLA path; both give the same bits. `scale` and `decode`: a given
+  per-tensor FP8 scale and its inverse (delayed scaling)."""
   impl = quantizer_impl.resolve(kernels) if recipe.quantized else Kernels.XLA
   if impl is not Kernels.XLA:
-    op = _quantize_with_kernels(x, recipe, role, key, scale, transpose, interpret=impl is Kernels.INTERPRET)
+    op = _quantize_with_kernels(x, recipe, role, key, scale, decode, transpose, interpret=impl is Kernels.INTERPRET)
     if op is not None:
       return op
   if transpose:
     x = x.T
   if recipe.format is Format.NVFP4:  # straight to bf16, never through the 4-bit dtype
     return nvfp4.quantize_block_scaled(x, **nvfp4_options(recipe, role, key))
-  q = quantize_operand(x, recipe, role, key, scale)
+  q = quantize_operand(x, recipe, role, key, scale, decode)
   if not isinstance(q, QuantizedTensor):
     return QuantizedTensor(q.astype(jnp.bfloat16), None, jnp.float32(1))
   if q.scales is None:

@@ -13,7 +13,13 @@ from MaxText.quantization.formats.tensor import QuantizedTensor
 
 def per_tensor_scale(amax, grid):
   """TE's current-scaling rule: scale = fp8_max / amax; 1 when amax is 0 or not finite, capped at FLT_MAX."""
-  scale = jnp.minimum(grids.div_rn(grid.max_value, amax), grids.FLT_MAX)
+  return scale_for_max(amax, grid.max_value)
+
+
+def scale_for_max(amax, max_value):
+  """per_tensor_scale with the grid's largest value given: arrays of amaxes and maxima give every scale in one
+  division (delayed scaling's x, w and dy scales)."""
+  scale = jnp.minimum(grids.div_rn(max_value, amax), grids.FLT_MAX)
   (scale,) = grids.materialize(jnp.where((amax > 0) & jnp.isfinite(amax), scale, 1.0).astype(jnp.float32))
   return scale
 
@@ -24,7 +30,8 @@ def decode_scale(scale):
   return decode
 
 
-def quantize(x, grid, scale) -> QuantizedTensor:
-  """x * scale rounded to nearest-even on the FP8 grid (saturating), in its f8 dtype; decode scale = 1/scale."""
+def quantize(x, grid, scale, decode=None) -> QuantizedTensor:
+  """x * scale rounded to nearest-even on the FP8 grid (saturating), in its f8 dtype; decode scale = 1/scale
+  (`decode`, where the caller has it already)."""
   q = grids.round_to_grid(x.astype(jnp.float32) * scale, grid)
-  return QuantizedTensor(grids.cast_exact(q, grid), None, decode_scale(scale))
+  return QuantizedTensor(grids.cast_exact(q, grid), None, decode_scale(scale) if decode is None else decode)
