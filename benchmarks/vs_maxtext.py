@@ -106,7 +106,16 @@ SHARED_KEYS = {
 }
 # skip_jax_distributed_system: single process (MaxText otherwise expects a launcher's environment on CPU).
 THEIRS_KEYS = {"skip_jax_distributed_system": "true", "enable_dropout": "false", "log_config": "false"}
-MODES = {"bf16": {}, "fp8": {"quantization": "fp8"}}
+# mode -> (our keys, MaxText's keys). fp8 is the same key on both sides; te_fp8_currentscaling pits our current-scaling
+# recipe on every Dense layer against MaxText's fp8 (delayed scaling): different recipes, the pairing issue #37 quoted.
+MODES = {
+  "bf16": ({}, {}),
+  "fp8": ({"quantization": "fp8"}, {"quantization": "fp8"}),
+  "te_fp8_currentscaling": (
+    {"quantization": "te_fp8_currentscaling", "quantization_scope": "all_dense"},
+    {"quantization": "fp8"},
+  ),
+}
 
 STEP_LINE = re.compile(r"completed step: (\d+), seconds: ([0-9.]+)")
 
@@ -122,6 +131,7 @@ class RunResult:
   wall_s: float
   returncode: int
   load: tuple  # 1-minute load average before and after
+  first_step_cpu_s: float = None  # the process's CPU seconds (all threads) when its step-0 line came
 
   def median_step(self, warmup):
     """Median logged seconds over the steps >= warmup (None without any)."""
@@ -144,7 +154,7 @@ def parse_log(stamped_lines):
 
 
 def pair_ratios(ours: RunResult, theirs: RunResult, warmup):
-  """{step, first_step}: ours / theirs for one pair (None where a side has no value)."""
+  """{step, first_step, first_step_cpu}: ours / theirs for one pair (None where a side has no value)."""
 
   def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
@@ -152,6 +162,7 @@ def pair_ratios(ours: RunResult, theirs: RunResult, warmup):
   return {
     "step": ratio(ours.median_step(warmup), theirs.median_step(warmup)),
     "first_step": ratio(ours.first_step_s, theirs.first_step_s),
+    "first_step_cpu": ratio(ours.first_step_cpu_s, theirs.first_step_cpu_s),
   }
 
 
@@ -178,13 +189,18 @@ def summarize(pairs, warmup):
         "theirs_first_step_s": med(t.first_step_s for _, t in mode_pairs),
         "first_step_ratios": [r["first_step"] for r in ratios],
         "first_step_ratio": med(r["first_step"] for r in ratios),
+        "ours_first_step_cpu_s": med(o.first_step_cpu_s for o, _ in mode_pairs),
+        "theirs_first_step_cpu_s": med(t.first_step_cpu_s for _, t in mode_pairs),
+        "first_step_cpu_ratio": med(r["first_step_cpu"] for r in ratios),
       }
     )
   return rows
 
 
 def markdown_table(rows):
-  """The rows as a Markdown table: medians of each side and of the per-pair ratios (each pair's in brackets)."""
+  """The rows as a Markdown table: medians of each side and of the per-pair ratios (each pair's in brackets); the
+  CPU seconds to the first step (all threads) beside the wall seconds, as a machine other jobs share inflates the
+  wall ones."""
 
   def num(value, digits=3):
     return "n/a" if value is None else f"{value:.{digits}f}"
@@ -194,15 +210,17 @@ def markdown_table(rows):
 
   lines = [
     "| mode | pairs | ours step (s) | MaxText step (s) | step ours/MaxText | ours first step (s) "
-    "| MaxText first step (s) | first step ours/MaxText |",
-    "|---|---:|---:|---:|---|---:|---:|---|",
+    "| MaxText first step (s) | first step ours/MaxText | its CPU s ours/MaxText |",
+    "|---|---:|---:|---:|---|---:|---:|---|---|",
   ]
   for r in rows:
     lines.append(
       f"| {r['mode']} | {r['pairs']} | {num(r['ours_step_s'])} | {num(r['theirs_step_s'])} "
       f"| **{num(r['step_ratio'], 2)}x** ({ratios(r['step_ratios'])}) | {num(r['ours_first_step_s'], 1)} "
       f"| {num(r['theirs_first_step_s'], 1)} "
-      f"| **{num(r['first_step_ratio'], 2)}x** ({ratios(r['first_step_ratios'])}) |"
+      f"| **{num(r['first_step_ratio'], 2)}x** ({ratios(r['first_step_ratios'])}) "
+      f"| {num(r['ours_first_step_cpu_s'], 1)} / {num(r['theirs_first_step_cpu_s'], 1)} "
+      f"= {num(r['first_step_cpu_ratio'], 2)}x |"
     )
   return "\n".join(lines)
 
@@ -211,15 +229,16 @@ def key_args(keys):
   return [f"{k}={v}" for k, v in keys.items()]
 
 
-def ours_command(mode, steps, out_dir, run_name):
-  keys = {**SHARED_KEYS, **MODES[mode], "steps": steps}
+def ours_command(mode, steps, out_dir, run_name, repo=REPO):
+  """Our trainer's command line; `repo`: the checkout whose train.py runs (another commit's, for a before/after)."""
+  keys = {**SHARED_KEYS, **MODES[mode][0], "steps": steps}
   keys.update(base_output_directory=out_dir, run_name=run_name)
-  return [sys.executable, str(REPO / "train.py"), *key_args(keys)]
+  return [sys.executable, str(pathlib.Path(repo) / "train.py"), *key_args(keys)]
 
 
 def theirs_command(python, mode, steps, out_dir, run_name):
   base_yml = upstream_package_dir(python) / "configs" / "base.yml"
-  keys = {**SHARED_KEYS, **THEIRS_KEYS, **MODES[mode], "steps": steps}
+  keys = {**SHARED_KEYS, **THEIRS_KEYS, **MODES[mode][1], "steps": steps}
   keys.update(base_output_directory=out_dir, run_name=run_name)
   return [str(python), "-m", "maxtext.trainers.pre_train.train", str(base_yml), *key_args(keys)]
 
@@ -235,9 +254,19 @@ def upstream_package_dir(python):
   return pathlib.Path(out.stdout.strip())
 
 
+def process_cpu_seconds(pid):
+  """User + system CPU seconds the process (all its threads) has used so far; None where /proc can't say."""
+  try:
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+  except OSError:
+    return None
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15 of stat
+
+
 def run_timed(cmd, env, cwd, log_path):
-  """Runs `cmd` with stdout and stderr merged into `log_path`; (returncode, [(seconds since launch, line)], wall)."""
-  stamped = []
+  """Runs `cmd` with stdout and stderr merged into `log_path`; (returncode, [(seconds since launch, line)], wall,
+  the process's CPU seconds when its step-0 line came)."""
+  stamped, first_step_cpu = [], None
   start = time.perf_counter()
   with open(log_path, "w", encoding="utf-8") as log:
     proc = subprocess.Popen(
@@ -245,16 +274,24 @@ def run_timed(cmd, env, cwd, log_path):
     )
     for line in proc.stdout:
       stamped.append((time.perf_counter() - start, line))
+      if first_step_cpu is None and _is_step(line, 0):
+        first_step_cpu = process_cpu_seconds(proc.pid)
       log.write(line)
     proc.wait()
-  return proc.returncode, stamped, time.perf_counter() - start
+  return proc.returncode, stamped, time.perf_counter() - start, first_step_cpu
+
+
+def _is_step(line, step):
+  match = STEP_LINE.search(line)
+  return match is not None and int(match.group(1)) == step
 
 
 def run_side(side, mode, cmd, env, cwd, log_path):
   load_before = os.getloadavg()[0]
-  returncode, stamped, wall = run_timed(cmd, env, cwd, log_path)
+  returncode, stamped, wall, first_step_cpu = run_timed(cmd, env, cwd, log_path)
   step_seconds, first = parse_log(stamped)
-  result = RunResult(side, mode, step_seconds, first, wall, returncode, (load_before, os.getloadavg()[0]))
+  load = (load_before, os.getloadavg()[0])
+  result = RunResult(side, mode, step_seconds, first, wall, returncode, load, first_step_cpu)
   if returncode != 0 or first is None:
     print(f"{side} {mode} failed (exit {returncode}); its log: {log_path}", file=sys.stderr, flush=True)
   return result
@@ -293,17 +330,26 @@ def versions(python):
   return json.loads(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
-def measure(modes, pairs, steps, warmup, upstream_python, work_dir):
+def commit(repo):
+  """The checkout's short commit (with '+' when its tracked files differ from it), or None outside git."""
+  run = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True)
+  head = run("rev-parse", "--short", "HEAD")
+  if head.returncode != 0:
+    return None
+  return head.stdout.strip() + ("+" if run("diff", "--quiet", "HEAD").returncode else "")
+
+
+def measure(modes, pairs, steps, warmup, upstream_python, work_dir, ours_repo=REPO):
   """[(ours, theirs)] RunResults, `pairs` per mode; which side runs first alternates between pairs."""
   env, theirs_env = base_env(), {**base_env(), **UPSTREAM_ENV}
   results = []
   for index in range(pairs):
     for mode in modes:
       name = f"{mode}_{index}"
-      ours_cmd = ours_command(mode, steps, work_dir / "ours", name)
+      ours_cmd = ours_command(mode, steps, work_dir / "ours", name, ours_repo)
       theirs_cmd = theirs_command(upstream_python, mode, steps, work_dir / "theirs", name)
       sides = [
-        ("ours", ours_cmd, env, REPO),
+        ("ours", ours_cmd, env, ours_repo),
         ("theirs", theirs_cmd, theirs_env, work_dir),
       ]
       if index % 2:
@@ -312,9 +358,11 @@ def measure(modes, pairs, steps, warmup, upstream_python, work_dir):
       ours, theirs = ran["ours"], ran["theirs"]
       results.append((ours, theirs))
       print(
-        f"pair {index} {mode}: ours step {_s(ours.median_step(warmup))}, first step {_s(ours.first_step_s)}, "
+        f"pair {index} {mode}: ours step {_s(ours.median_step(warmup))}, first step {_s(ours.first_step_s)} "
+        f"(CPU {_s(ours.first_step_cpu_s)}), "
         f"load {ours.load[0]:.1f}-{ours.load[1]:.1f} | MaxText step {_s(theirs.median_step(warmup))}, first step "
-        f"{_s(theirs.first_step_s)}, load {theirs.load[0]:.1f}-{theirs.load[1]:.1f}",
+        f"{_s(theirs.first_step_s)} (CPU {_s(theirs.first_step_cpu_s)}), "
+        f"load {theirs.load[0]:.1f}-{theirs.load[1]:.1f}",
         flush=True,
       )
   return results
@@ -331,6 +379,9 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=20, help="steps per run, warm-up included")
   parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the step time")
   parser.add_argument("--upstream-venv", type=pathlib.Path, default=UPSTREAM_VENV)
+  parser.add_argument(
+    "--ours-repo", type=pathlib.Path, default=REPO, help="the checkout whose train.py is ours (e.g. an older commit's)"
+  )
   parser.add_argument("--work-dir", type=pathlib.Path, help="logs and run directories (default: a temporary one)")
   parser.add_argument("--json", type=pathlib.Path, help="also write the rows and every run's step times here")
   parser.add_argument("--setup-only", action="store_true", help="create the upstream venv and exit")
@@ -347,13 +398,13 @@ def main(argv=None):
   machine = {
     "machine": platform.machine(),
     "cpus": os.cpu_count(),
-    "ours": versions(sys.executable),
+    "ours": {**versions(sys.executable), "repo": str(args.ours_repo), "commit": commit(args.ours_repo)},
     "theirs": versions(upstream_python),
   }
   print(f"machine: {json.dumps(machine)}", flush=True)
   work_dir = args.work_dir or pathlib.Path(tempfile.mkdtemp(prefix="vs_maxtext_"))
   work_dir.mkdir(parents=True, exist_ok=True)
-  pairs = measure(modes, args.pairs, args.steps, args.warmup, upstream_python, work_dir)
+  pairs = measure(modes, args.pairs, args.steps, args.warmup, upstream_python, work_dir, args.ours_repo.resolve())
   rows = summarize(pairs, args.warmup)
   print(markdown_table(rows), flush=True)
   print(f"logs: {work_dir}", flush=True)

@@ -29,9 +29,9 @@ def _stamped(log, first_at):
   return [(first_at + i, line) for i, line in enumerate(log.splitlines())]
 
 
-def _run(side, log, first_at, mode="bf16"):
+def _run(side, log, first_at, mode="bf16", first_cpu=None):
   step_seconds, first = vs_maxtext.parse_log(_stamped(log, first_at))
-  return RunResult(side, mode, step_seconds, first, 30.0, 0, (1.0, 1.0))
+  return RunResult(side, mode, step_seconds, first, 30.0, 0, (1.0, 1.0), first_cpu)
 
 
 def test_parse_log_reads_both_trainers_lines():
@@ -49,19 +49,27 @@ def test_median_leaves_out_the_warmup_steps():
 
 
 def test_pair_ratios_and_summary():
-  ours, theirs = _run("ours", OURS_LOG, 10.0), _run("theirs", THEIRS_LOG, 20.0)
+  ours, theirs = _run("ours", OURS_LOG, 10.0, first_cpu=8.0), _run("theirs", THEIRS_LOG, 20.0, first_cpu=16.0)
   ratios = vs_maxtext.pair_ratios(ours, theirs, warmup=2)
-  assert ratios["step"] == 0.45 / 0.7 and ratios["first_step"] == 11.0 / 21.0
+  assert ratios == {"step": 0.45 / 0.7, "first_step": 11.0 / 21.0, "first_step_cpu": 0.5}
   failed = RunResult("theirs", "bf16", {}, None, 5.0, 1, (1.0, 1.0))
-  assert vs_maxtext.pair_ratios(ours, failed, warmup=2) == {"step": None, "first_step": None}
+  assert vs_maxtext.pair_ratios(ours, failed, warmup=2) == {"step": None, "first_step": None, "first_step_cpu": None}
 
-  slower = RunResult("ours", "bf16", {2: 1.4, 3: 1.4}, 42.0, 60.0, 0, (1.0, 1.0))
+  slower = RunResult("ours", "bf16", {2: 1.4, 3: 1.4}, 42.0, 60.0, 0, (1.0, 1.0), 24.0)
   rows = vs_maxtext.summarize([(ours, theirs), (slower, theirs)], warmup=2)
   (row,) = rows
   assert row["pairs"] == 2 and row["step_ratios"] == [0.45 / 0.7, 2.0]
   assert row["step_ratio"] == (0.45 / 0.7 + 2.0) / 2  # the median of two
   table = vs_maxtext.markdown_table(rows)
   assert table.splitlines()[2].startswith("| bf16 | 2 | 0.925 | 0.700 | **1.32x** (0.64, 2.00) |")
+  assert table.splitlines()[2].endswith("| 16.0 / 16.0 = 1.00x |")  # CPU: 8 and 24 against 16 twice
+
+
+def test_process_cpu_seconds_reads_proc():
+  import os
+
+  assert vs_maxtext.process_cpu_seconds(os.getpid()) > 0
+  assert vs_maxtext.process_cpu_seconds(2**31 - 1) is None  # no such process
 
 
 def test_both_sides_get_the_same_model_and_settings(tmp_path):
