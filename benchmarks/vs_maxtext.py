@@ -27,6 +27,7 @@ thread).
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
 import pathlib
@@ -304,15 +305,27 @@ def base_env():
   return env
 
 
+def find_python312():
+  """A working Python 3.12: `python3.12` on PATH, else pyenv's (whose shim fails where a .python-version picks
+  another version, as in this repo)."""
+  candidates = [UPSTREAM_INTERPRETER, *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12")))]
+  for candidate in candidates:
+    if subprocess.run([candidate, "-c", ""], capture_output=True).returncode == 0:
+      return candidate
+  raise SystemExit("error: no working python3.12 found; pass --upstream-interpreter PATH")
+
+
 def ensure_upstream(venv=UPSTREAM_VENV, interpreter=UPSTREAM_INTERPRETER):
-  """The upstream venv's python, creating the venv (pinned UPSTREAM_REQUIREMENTS) first when it is missing."""
-  python = venv / "bin" / "python"
-  if python.exists():
+  """The upstream venv's python, creating the venv (pinned UPSTREAM_REQUIREMENTS) first unless a finished one is there
+  (its marker file: a venv whose install failed halfway is installed again)."""
+  python, marker = venv / "bin" / "python", venv / ".vs_maxtext_installed"
+  if marker.exists():
     return python
   print(f"creating {venv} ({interpreter}, {len(UPSTREAM_REQUIREMENTS)} requirements) ...", flush=True)
   start = time.perf_counter()
   subprocess.run([interpreter, "-m", "venv", str(venv)], check=True)
   subprocess.run([str(python), "-m", "pip", "install", "-q", *UPSTREAM_REQUIREMENTS], check=True)
+  marker.write_text("\n".join(UPSTREAM_REQUIREMENTS) + "\n")
   print(f"created {venv} in {time.perf_counter() - start:.0f} s", flush=True)
   return python
 
@@ -379,6 +392,7 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=20, help="steps per run, warm-up included")
   parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the step time")
   parser.add_argument("--upstream-venv", type=pathlib.Path, default=UPSTREAM_VENV)
+  parser.add_argument("--upstream-interpreter", help="the Python >= 3.12 to create it with (default: found)")
   parser.add_argument(
     "--ours-repo", type=pathlib.Path, default=REPO, help="the checkout whose train.py is ours (e.g. an older commit's)"
   )
@@ -392,7 +406,7 @@ def main(argv=None):
     parser.error(f"--modes: unknown {unknown}; known: {sorted(MODES)}")
   if args.steps <= args.warmup:
     parser.error(f"--steps {args.steps} leaves no step after --warmup {args.warmup}")
-  upstream_python = ensure_upstream(args.upstream_venv)
+  upstream_python = ensure_upstream(args.upstream_venv, args.upstream_interpreter or find_python312())
   if args.setup_only:
     return
   machine = {
