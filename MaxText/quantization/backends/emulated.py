@@ -2,10 +2,10 @@
 
 Every operand arrives as [rows, contraction] with blocks along the last axis. The GEMM reads a folded
 QuantizedTensor on tensor-core dtypes, as the hardware would: per-tensor FP8 as the f8 values
-themselves (an f8 x f8 dot, which XLA turns into a cuBLASLt FP8 GEMM on Hopper), NVFP4 and MX with
-their block scales folded into bf16 (exact, see below), and the per-tensor scales applied to the
-f32 accumulator in the epilogue. The result is what a tensor core computes up to the order of the
-f32 sum.
+themselves (an f8 x f8 dot, which XLA turns into a cuBLASLt FP8 GEMM on Hopper; on a CPU the same
+values in bf16, which XLA:CPU multiplies at twice its f32 rate), NVFP4 and MX with their block scales
+folded into bf16 (exact, see below), and the per-tensor scales applied to the f32 accumulator in the
+epilogue. The result is what a tensor core computes up to the order of the f32 sum.
 """
 
 import functools
