@@ -26,19 +26,23 @@ def init_history(recipe: Recipe):
   return jnp.zeros((3, recipe.amax_history_len), jnp.float32)
 
 
-def _scale_from_history(history_H, recipe: Recipe, grid):
-  amax = history_H[0] if recipe.amax_compute_algo == "most_recent" else grids.abs_max(history_H)
-  return fp8.per_tensor_scale(amax, grid)
+def _scales_from_history(history_3xH, recipe: Recipe):
+  """(scales [3], decode scales [3]) of x, w and dy (ROWS' order), each vector from one division: a division
+  (grids.div_rn) is ~100 integer ops, and one per role and pass would make most of the FP8 step's program (and its
+  compile time). The same numbers as three scalar divisions."""
+  amax = history_3xH[:, 0] if recipe.amax_compute_algo == "most_recent" else grids.abs_max(history_3xH, axis=1)
+  max_values = jnp.array([emulated.element_grid(recipe, role).max_value for role in ROWS], jnp.float32)
+  scales = fp8.scale_for_max(amax, max_values)
+  return scales, fp8.decode_scale(scales)
 
 
 def _push(history_H, amax):
   return jnp.concatenate([amax[None].astype(jnp.float32), history_H[:-1]])
 
 
-def _quantize(x, recipe, role, history_3xH, kernels, transpose=False):
-  grid = emulated.element_grid(recipe, role)
-  scale = _scale_from_history(history_3xH[ROWS[role]], recipe, grid)
-  return emulated.quantize_for_gemm(x, recipe, role, scale=scale, kernels=kernels, transpose=transpose)
+def _quantize(x, recipe, role, scales, kernels, transpose=False):
+  scale, decode = (s[ROWS[role]] for s in scales)
+  return emulated.quantize_for_gemm(x, recipe, role, scale=scale, decode=decode, kernels=kernels, transpose=transpose)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -48,17 +52,18 @@ def _qmatmul_delayed(x_MxK, w_KxN, history_3xH, recipe, w_dtype, kernels):
 
 def _fwd(x_MxK, w_KxN, history_3xH, recipe, w_dtype, kernels):
   del w_dtype
-  x_op = _quantize(x_MxK, recipe, "x", history_3xH, kernels)
-  w_op = _quantize(w_KxN, recipe, "w", history_3xH, kernels, transpose=True)
+  scales = _scales_from_history(history_3xH, recipe)
+  x_op = _quantize(x_MxK, recipe, "x", scales, kernels)
+  w_op = _quantize(w_KxN, recipe, "w", scales, kernels, transpose=True)
   y = emulated.gemm(x_op, w_op, recipe).astype(x_MxK.dtype)
   amax = lambda t: grids.abs_max(t.astype(jnp.float32))
-  residuals = (name_for_remat(x_op.T), name_for_remat(w_op.T), history_3xH, amax(x_MxK), amax(w_KxN))
+  residuals = (name_for_remat(x_op.T), name_for_remat(w_op.T), history_3xH, scales, amax(x_MxK), amax(w_KxN))
   return y, residuals
 
 
 def _bwd(recipe, w_dtype, kernels, residuals, dy_MxN):
-  x_t_op, w_t_op, history_3xH, amax_x, amax_w = residuals
-  dy_op = _quantize(dy_MxN, recipe, "dy", history_3xH, kernels)
+  x_t_op, w_t_op, history_3xH, scales, amax_x, amax_w = residuals
+  dy_op = _quantize(dy_MxN, recipe, "dy", scales, kernels)
   dx = emulated.gemm(dy_op, w_t_op, recipe).astype(dy_MxN.dtype)
   dw = emulated.gemm(x_t_op, dy_op.T, recipe)
   amax_dy = grids.abs_max(dy_MxN.astype(jnp.float32))

@@ -44,15 +44,17 @@ def _step_and_args(cfg):
   return step, (params, rest, jax.eval_shape(tx.init, params), batch, step_index, jax.random.key(cfg.seed))
 
 
-def _dot_flops(cfg):
+def _dot_flops(cfg, platform=None):
+  """GEMM FLOPs by operand dtypes of the step lowered for `platform` (default: this machine's)."""
   step, args = _step_and_args(cfg)
-  return hlo_dots.dot_flops_by_dtype(step.lower(*args).as_text())
+  lowered = step.lower(*args) if platform is None else step.trace(*args).lower(lowering_platforms=(platform,))
+  return hlo_dots.dot_flops_by_dtype(lowered.as_text())
 
 
 @pytest.mark.parametrize("quantization", ["", "te_nvfp4", "te_fp8_currentscaling", "mxfp4"])
 def test_every_gemm_runs_on_tensor_core_dtypes(quantization):
   cfg = _cfg(f"quantization={quantization}")
-  by_dtype = _dot_flops(cfg)
+  by_dtype = _dot_flops(cfg, platform="cuda")
   flops = accounting.training_flops_per_device(cfg)
   # The HLO's dots are MaxText's FLOPs formula plus the masked half of causal attention XLA computes.
   assert sum(by_dtype.values()) == pytest.approx(flops.total + flops.attention_core, rel=1e-9)
@@ -63,6 +65,16 @@ def test_every_gemm_runs_on_tensor_core_dtypes(quantization):
     assert ("f8E5M2", "f8E5M2") not in by_dtype  # HYBRID: gradients E5M2 against E4M3, never both
   else:
     assert f8 == 0
+
+
+def test_fp8_gemms_run_on_bf16_operands_on_a_cpu():
+  """XLA:CPU widens f8 dots to f32; the emulation hands it the same values in bf16 there (exact), so the GEMMs a
+  GPU runs on f8 run at XLA:CPU's bf16 rate."""
+  cfg = _cfg("quantization=te_fp8_currentscaling")
+  by_dtype = _dot_flops(cfg, platform="cpu")
+  flops = accounting.training_flops_per_device(cfg)
+  assert not any(a.startswith("f8") or b.startswith("f8") for a, b in by_dtype), by_dtype
+  assert by_dtype[("bf16", "bf16")] == pytest.approx(flops.total + flops.attention_core, rel=1e-9)
 
 
 def _count_calls(jaxpr, name):

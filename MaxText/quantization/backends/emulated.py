@@ -2,10 +2,10 @@
 
 Every operand arrives as [rows, contraction] with blocks along the last axis. The GEMM reads a folded
 QuantizedTensor on tensor-core dtypes, as the hardware would: per-tensor FP8 as the f8 values
-themselves (an f8 x f8 dot, which XLA turns into a cuBLASLt FP8 GEMM on Hopper), NVFP4 and MX with
-their block scales folded into bf16 (exact, see below), and the per-tensor scales applied to the
-f32 accumulator in the epilogue. The result is what a tensor core computes up to the order of the
-f32 sum.
+themselves (an f8 x f8 dot, which XLA turns into a cuBLASLt FP8 GEMM on Hopper; on a CPU the same
+values in bf16, which XLA:CPU multiplies at twice its f32 rate), NVFP4 and MX with their block scales
+folded into bf16 (exact, see below), and the per-tensor scales applied to the f32 accumulator in the
+epilogue. The result is what a tensor core computes up to the order of the f32 sum.
 """
 
 import functools
@@ -42,11 +42,11 @@ def nvfp4_options(recipe: Recipe, role: str, key):
   )
 
 
-def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
+def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None, decode=None):
   """Quantize one GEMM operand [rows, contraction] as `recipe` prescribes for `role`.
 
   Returns a narrow QuantizedTensor (values in the format's own dtype), or x itself for BF16.
-  `scale` is the per-tensor FP8 scale for delayed scaling (from the amax history).
+  `scale` is the per-tensor FP8 scale for delayed scaling (from the amax history), `decode` its inverse if known.
   """
   fmt = recipe.format
   if fmt is Format.BF16:
@@ -57,11 +57,11 @@ def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None):
     grid = element_grid(recipe, role)
     if scale is None:
       scale = fp8.per_tensor_scale(grids.abs_max(x.astype(jnp.float32)), grid)
-    return fp8.quantize(x, grid, scale)
+    return fp8.quantize(x, grid, scale, decode)
   return mx.quantize(x, element_grid(recipe, role))
 
 
-def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, transpose, interpret):
+def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, decode, transpose, interpret):
   """quantize_for_gemm's Pallas path (same bits), or None where the kernels don't cover the operand."""
   # Imported here: Pallas takes ~0.7 s to import, and only the kernel path needs it.
   from MaxText.quantization.kernels import pallas_quantize  # pylint: disable=import-outside-toplevel
@@ -84,7 +84,8 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, transpose, 
   if recipe.format.per_tensor_fp8:
     if scale is None:
       scale = fp8.per_tensor_scale(pallas_quantize.amax(x, interpret=interpret), grid)
-    return QuantizedTensor(pallas_quantize.fp8_per_tensor(x, grid, scale, **where), None, grids.div_rn(1.0, scale))
+    decode = fp8.decode_scale(scale) if decode is None else decode
+    return QuantizedTensor(pallas_quantize.fp8_per_tensor(x, grid, scale, **where), None, decode)
   if recipe.format.block_size == mx.BLOCK and cols % mx.BLOCK == 0:
     return QuantizedTensor(pallas_quantize.mx_block_scaled(x, grid, **where), None, jnp.float32(1), tile=(1, mx.BLOCK))
   return None
@@ -92,21 +93,22 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, transpose, 
 
 @functools.partial(jax.jit, static_argnums=(1, 2), static_argnames=("kernels", "transpose"))
 def quantize_for_gemm(
-  x, recipe: Recipe, role: str, key=None, scale=None, *, kernels=Kernels.AUTO, transpose=False
+  x, recipe: Recipe, role: str, key=None, scale=None, decode=None, *, kernels=Kernels.AUTO, transpose=False
 ) -> QuantizedTensor:
   """`quantize_operand` of x (x.T if `transpose`), folded as the GEMM reads it (see the module doc). One call = one
   quantization. `kernels` (quantizer_impl.resolve): the Pallas kernels, which read x and write the transposed
-  operand without materialising x.T, or the XLA path; both give the same bits."""
+  operand without materialising x.T, or the XLA path; both give the same bits. `scale` and `decode`: a given
+  per-tensor FP8 scale and its inverse (delayed scaling)."""
   impl = quantizer_impl.resolve(kernels) if recipe.quantized else Kernels.XLA
   if impl is not Kernels.XLA:
-    op = _quantize_with_kernels(x, recipe, role, key, scale, transpose, interpret=impl is Kernels.INTERPRET)
+    op = _quantize_with_kernels(x, recipe, role, key, scale, decode, transpose, interpret=impl is Kernels.INTERPRET)
     if op is not None:
       return op
   if transpose:
     x = x.T
   if recipe.format is Format.NVFP4:  # straight to bf16, never through the 4-bit dtype
     return nvfp4.quantize_block_scaled(x, **nvfp4_options(recipe, role, key))
-  q = quantize_operand(x, recipe, role, key, scale)
+  q = quantize_operand(x, recipe, role, key, scale, decode)
   if not isinstance(q, QuantizedTensor):
     return QuantizedTensor(q.astype(jnp.bfloat16), None, jnp.float32(1))
   if q.scales is None:
@@ -134,9 +136,25 @@ def dequantize_operand(q):
   return nvfp4.dequantize(q)
 
 
+def _dot_f32(a_MxK, b_NxK):
+  return jax.lax.dot_general(a_MxK, b_NxK, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _dot_f8_on_cpu(a_MxK, b_NxK):
+  """The f8 x f8 dot as XLA:CPU runs it fastest: on the same values in bf16 (E4M3 and E5M2 values are exact in bf16,
+  and so are their products in f32). Left as f8, XLA:CPU widens the operands to f32, and its f32 GEMMs take about
+  twice as long as its bf16 ones on CPUs with bf16 dot instructions (avx512_bf16: the 2-core CPU box). Transposed
+  operands (the gradients' x.T, dy.T, w.T) come from QuantizedTensor.T, which on a CPU stores them row by row, as
+  these GEMMs read them."""
+  return _dot_f32(a_MxK.astype(jnp.bfloat16), b_NxK.astype(jnp.bfloat16))
+
+
 def gemm(a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe):
   """a [M, K] . b_t [N, K]^T for two operands quantized by `recipe`: f32 accumulation, then the epilogue."""
-  acc = jax.lax.dot_general(a.values, b_t.values, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  if jnp.dtype(a.values.dtype).itemsize == 1:  # per-tensor FP8: f8 x f8 (cuBLASLt on a GPU), bf16 x bf16 on a CPU
+    acc = jax.lax.platform_dependent(a.values, b_t.values, cpu=_dot_f8_on_cpu, default=_dot_f32)
+  else:
+    acc = _dot_f32(a.values, b_t.values)
   if recipe.format is Format.NVFP4:
     return acc * nvfp4.gemm_alpha(a.global_scale, b_t.global_scale, a.e4m3_max, b_t.e4m3_max)
   if recipe.format.per_tensor_fp8:

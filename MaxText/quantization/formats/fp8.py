@@ -1,4 +1,9 @@
-"""Per-tensor FP8 (TE's current and delayed scaling): one f32 scale for the whole tensor, E4M3 or E5M2 values."""
+"""Per-tensor FP8 (TE's current and delayed scaling): one f32 scale for the whole tensor, E4M3 or E5M2 values.
+
+Both scalars (the encode scale and its inverse, the decode scale) go through grids.materialize: each is a few dozen
+integer ops (grids.div_rn), which XLA would otherwise fuse into every elementwise consumer and recompute for every
+element of the tensor (measured on the 2-core CPU box: most of an FP8 training step's time).
+"""
 
 import jax.numpy as jnp
 
@@ -8,11 +13,25 @@ from MaxText.quantization.formats.tensor import QuantizedTensor
 
 def per_tensor_scale(amax, grid):
   """TE's current-scaling rule: scale = fp8_max / amax; 1 when amax is 0 or not finite, capped at FLT_MAX."""
-  scale = jnp.minimum(grids.div_rn(grid.max_value, amax), grids.FLT_MAX)
-  return jnp.where((amax > 0) & jnp.isfinite(amax), scale, 1.0).astype(jnp.float32)
+  return scale_for_max(amax, grid.max_value)
 
 
-def quantize(x, grid, scale) -> QuantizedTensor:
-  """x * scale rounded to nearest-even on the FP8 grid (saturating), in its f8 dtype; decode scale = 1/scale."""
+def scale_for_max(amax, max_value):
+  """per_tensor_scale with the grid's largest value given: arrays of amaxes and maxima give every scale in one
+  division (delayed scaling's x, w and dy scales)."""
+  scale = jnp.minimum(grids.div_rn(max_value, amax), grids.FLT_MAX)
+  (scale,) = grids.materialize(jnp.where((amax > 0) & jnp.isfinite(amax), scale, 1.0).astype(jnp.float32))
+  return scale
+
+
+def decode_scale(scale):
+  """1 / scale, correctly rounded: what the GEMM's epilogue multiplies by."""
+  (decode,) = grids.materialize(grids.div_rn(1.0, scale))
+  return decode
+
+
+def quantize(x, grid, scale, decode=None) -> QuantizedTensor:
+  """x * scale rounded to nearest-even on the FP8 grid (saturating), in its f8 dtype; decode scale = 1/scale
+  (`decode`, where the caller has it already)."""
   q = grids.round_to_grid(x.astype(jnp.float32) * scale, grid)
-  return QuantizedTensor(grids.cast_exact(q, grid), None, grids.div_rn(1.0, scale))
+  return QuantizedTensor(grids.cast_exact(q, grid), None, decode_scale(scale) if decode is None else decode)

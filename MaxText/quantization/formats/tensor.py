@@ -4,6 +4,7 @@ import dataclasses
 import typing
 
 import jax
+import jax.numpy as jnp
 
 E4M3_MAX = 448.0  # NVFP4's usual global-scale bound (TE's nvfp4_e4m3_max)
 
@@ -40,11 +41,22 @@ class QuantizedTensor:
         f"a tensor quantized in {self.tile} blocks has no transposed view with the same numbers; "
         "quantize the transposed operand instead"
       )
+    values_t = jax.lax.platform_dependent(self.values, cpu=_transpose_in_memory, default=jnp.transpose)
     if self.scales is None:
-      return dataclasses.replace(self, values=self.values.T)
+      return dataclasses.replace(self, values=values_t)
     cols = self.values.shape[1]
     tile_scales = self.scales[::16]  # [rows / 16, cols / 16]: every row of a tile repeats the tile's scale
-    return dataclasses.replace(self, values=self.values.T, scales=jax.numpy.repeat(tile_scales.T, 16, axis=0)[:cols])
+    return dataclasses.replace(self, values=values_t, scales=jnp.repeat(tile_scales.T, 16, axis=0)[:cols])
+
+
+def _transpose_in_memory(values):
+  """values.T as an array of its own, rows contiguous: what XLA:CPU's bf16 GEMMs (YNNPACK) read. A plain transpose
+  reaches XLA as a transposed layout, or is folded into the dot as a left operand contracted on its first axis:
+  XLA:CPU then runs the GEMM on operands widened to f32, two to three times slower. Through a unit axis and a reshape
+  (the same elements), behind a barrier XLA doesn't fold through, the transpose is a copy instead."""
+  rows, cols = values.shape
+  (values_t,) = jax.lax.optimization_barrier((jnp.transpose(values[:, :, None], (1, 0, 2)).reshape(cols, rows),))
+  return values_t
 
 
 jax.tree_util.register_dataclass(
