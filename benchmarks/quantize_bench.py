@@ -2,7 +2,7 @@
 bandwidth.
 
     python benchmarks/quantize_bench.py [--shape 8192x16384] [--impls xla,pallas] [--iters 20] [--json out.json]
-                                        [--matmul-shapes 1024x1024x1024,...]
+                                        [--only nvfp4] [--matmul-shapes 1024x1024x1024,...]
 
 Each quantizer runs as the trainer calls it (emulated.quantize_for_gemm with its recipe and role; the
 wgrad operands and the weight are transposed views) on a [rows, cols] operand: bf16 activations and
@@ -10,7 +10,8 @@ gradients, the f32 master weight for the 16x16 tiles. GB/s counts the bytes one 
 one write of the output take (an amax pass reads the input again, so memory speed on a quantizer with
 one shows as ~2/3 of copy bandwidth, not 100%); `copy` is a plain bf16 read + write of the same
 tensor, timed in the same run, and the last column is each quantizer's GB/s as a share of it. The Four Over Six
-rows (te_nvfp4 with nvfp4_4over6=all, mse) also give their time as a multiple of the same quantizer without 4/6.
+rows (te_nvfp4 with nvfp4_4over6=all, mse) also give their time as a multiple of the same quantizer without 4/6:
+the median of the per-round ratios (each round times every quantizer in turn, --iters rounds) and their range.
 --matmul-shapes adds the emulated qmatmul fwd+bwd time as a ratio to a BF16 matmul.
 Pallas runs on NVIDIA GPUs only; on CPU this measures the XLA path.
 """
@@ -50,50 +51,59 @@ FOUR_OVER_SIX_KNOBS = {"nvfp4_4over6": "all", "nvfp4_4over6_err_mode": "mse"}
 QUANTIZERS.update({name + FOUR_OVER_SIX: spec for name, spec in QUANTIZERS.items() if spec[0] == "te_nvfp4"})
 
 
-def _seconds_per_call(fn, *args, iters, inner=5):
-  """Median over `iters` of the mean time of `inner` back-to-back calls (dispatch overlaps, as in a step)."""
-  jax.block_until_ready(fn(*args))  # compile
-  times = []
-  for _ in range(iters):
-    start = time.perf_counter()
-    for _ in range(inner):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - start) / inner)
-  return float(np.median(times))
-
-
 def _nbytes(tree):
   return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(tree))
 
 
-def bench_quantizers(rows, cols, impls, iters):
-  """[{quantizer, impl, ms, gb_s, pct_copy}], the copy row first."""
+def _timed_rounds(fns, iters, inner=5):
+  """{name: [seconds per call, one per round]}: every round times each fn in turn (`inner` back-to-back calls,
+  dispatch overlapping as in a step), so a ratio of two fns is taken within each round, not across minutes of a
+  shared machine's changing load."""
+  for fn, args in fns.values():
+    jax.block_until_ready(fn(*args))  # compile
+  times = {name: [] for name in fns}
+  for _ in range(iters):
+    for name, (fn, args) in fns.items():
+      start = time.perf_counter()
+      for _ in range(inner):
+        out = fn(*args)
+      jax.block_until_ready(out)
+      times[name].append((time.perf_counter() - start) / inner)
+  return times
+
+
+def _quantizer_fn(name, impl):
+  recipe_name, role, transposed, _ = QUANTIZERS[name]
+  recipe = get_recipe(recipe_name, **(FOUR_OVER_SIX_KNOBS if name.endswith(FOUR_OVER_SIX) else {}))
+  return jax.jit(
+    lambda a, k: emulated.quantize_for_gemm(a, recipe, role, k, kernels=Kernels(impl), transpose=transposed)
+  )
+
+
+def bench_quantizers(rows, cols, impls, iters, only=""):
+  """[{quantizer, impl, ms, gb_s, pct_copy[, x_plain, x_plain_min, x_plain_max]}], the copy row first. ms is the
+  median over `iters` rounds; a 4/6 row's x_plain is the median of its per-round ratio to the plain quantizer
+  (min and max: the spread)."""
   x = jax.random.normal(jax.random.key(0), (rows, cols), jnp.float32)
   key = jax.random.key(1)
-  copy = jax.jit(lambda a: a + 1)
   x16 = x.astype(jnp.bfloat16)
-  t_copy = _seconds_per_call(copy, x16, iters=iters)
-  copy_gb_s = 2 * x16.nbytes / t_copy / 1e9
-  out = [
-    {"quantizer": "copy (bf16 read + write)", "impl": "xla", "ms": t_copy * 1e3, "gb_s": copy_gb_s, "pct_copy": 100.0}
-  ]
-  for name, (recipe_name, role, transposed, dtype) in QUANTIZERS.items():
-    operand = (x.T if transposed else x).astype(dtype)  # stored as the trainer stores it
-    recipe = get_recipe(recipe_name, **(FOUR_OVER_SIX_KNOBS if name.endswith(FOUR_OVER_SIX) else {}))
-    for impl in impls:
-      fn = jax.jit(
-        lambda a, k, recipe=recipe, role=role, transposed=transposed, impl=impl: emulated.quantize_for_gemm(
-          a, recipe, role, k, kernels=Kernels(impl), transpose=transposed
-        )
-      )
-      t = _seconds_per_call(fn, operand, key, iters=iters)
-      gb_s = (operand.nbytes + _nbytes(jax.eval_shape(fn, operand, key))) / t / 1e9
-      out.append({"quantizer": name, "impl": impl, "ms": t * 1e3, "gb_s": gb_s, "pct_copy": 100 * gb_s / copy_gb_s})
-  plain = {(r["quantizer"], r["impl"]): r["ms"] for r in out}
-  for r in out:
-    if r["quantizer"].endswith(FOUR_OVER_SIX):
-      r["x_plain"] = r["ms"] / plain[(r["quantizer"][: -len(FOUR_OVER_SIX)], r["impl"])]
+  fns = {("copy (bf16 read + write)", "xla"): (jax.jit(lambda a: a + 1), (x16,))}
+  for name, (_, _, transposed, dtype) in QUANTIZERS.items():
+    if only in name:
+      operand = (x.T if transposed else x).astype(dtype)  # stored as the trainer stores it
+      fns.update({(name, impl): (_quantizer_fn(name, impl), (operand, key)) for impl in impls})
+  times = _timed_rounds(fns, iters)
+  out, copy_gb_s = [], None
+  for (name, impl), (fn, args) in fns.items():
+    t = float(np.median(times[(name, impl)]))
+    gb_s = (args[0].nbytes + _nbytes(jax.eval_shape(fn, *args))) / t / 1e9
+    copy_gb_s = copy_gb_s or gb_s  # the copy row comes first
+    row = {"quantizer": name, "impl": impl, "ms": t * 1e3, "gb_s": gb_s, "pct_copy": 100 * gb_s / copy_gb_s}
+    plain = (name[: -len(FOUR_OVER_SIX)], impl)
+    if name.endswith(FOUR_OVER_SIX) and plain in times:
+      ratios = np.asarray(times[(name, impl)]) / np.asarray(times[plain])
+      row.update(x_plain=float(np.median(ratios)), x_plain_min=float(ratios.min()), x_plain_max=float(ratios.max()))
+    out.append(row)
   return out
 
 
@@ -122,9 +132,8 @@ def bench_matmul(m, k, n, kernels, iters):
     "nvfp4_4over6": get_recipe("te_nvfp4", **FOUR_OVER_SIX_KNOBS),
     "fp8": get_recipe("te_fp8_currentscaling"),
   }
-  t = {
-    name: _seconds_per_call(_fwd_bwd(recipe, kernels), *args, iters=iters, inner=1) for name, recipe in recipes.items()
-  }
+  rounds = _timed_rounds({name: (_fwd_bwd(recipe, kernels), args) for name, recipe in recipes.items()}, iters, inner=1)
+  t = {name: float(np.median(v)) for name, v in rounds.items()}
   return {
     "shape": f"{m}x{k}x{n}",
     "kernels": kernels,
@@ -144,10 +153,10 @@ def _parse_shapes(text, dims, parser, flag):
 
 def _print_tables(quant_rows, matmul_rows, rows, cols):
   print(f"\n[{rows}, {cols}] operand\n")
-  print("| quantizer | impl | ms | GB/s | % of copy | x without 4/6 |")
+  print("| quantizer | impl | ms | GB/s | % of copy | x without 4/6 (min-max over rounds) |")
   print("|---|---|---:|---:|---:|---:|")
   for r in quant_rows:
-    ratio = f"{r['x_plain']:.2f}x" if "x_plain" in r else ""
+    ratio = f"{r['x_plain']:.2f}x ({r['x_plain_min']:.2f}-{r['x_plain_max']:.2f})" if "x_plain" in r else ""
     print(f"| {r['quantizer']} | {r['impl']} | {r['ms']:.3f} | {r['gb_s']:.1f} | {r['pct_copy']:.0f}% | {ratio} |")
   if matmul_rows:
     print(
@@ -183,6 +192,7 @@ def main():
     help="comma-separated quantizer implementations: xla, pallas (NVIDIA GPUs)",
   )
   parser.add_argument("--iters", type=int, default=20)
+  parser.add_argument("--only", default="", help="time only the quantizers whose name contains this (e.g. nvfp4)")
   parser.add_argument("--matmul-shapes", default="", help="also time qmatmul fwd+bwd at these MxKxN")
   parser.add_argument("--json", help="also write the rows as JSON here")
   args = parser.parse_args()
@@ -203,7 +213,7 @@ def main():
     f"device: {device.platform} ({getattr(device, 'device_kind', '')}), {platform.machine()}, "
     f"jax {jax.__version__}, commit {commit}"
   )
-  quant_rows = bench_quantizers(rows, cols, impls, args.iters)
+  quant_rows = bench_quantizers(rows, cols, impls, args.iters, args.only)
   matmul_rows = [bench_matmul(*s, kernels=impl, iters=args.iters) for s in matmul_shapes for impl in impls]
   _print_tables(quant_rows, matmul_rows, rows, cols)
   if args.json:

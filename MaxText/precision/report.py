@@ -7,13 +7,10 @@ from MaxText.quantization.formats import Format
 
 
 def _quantizers(backend, precision: GemmPrecision):
-  """Who quantizes the operands: our Pallas kernels or the XLA path ('-' where nothing or TE does); the kernels
-  leave Four Over Six operands to the XLA path."""
+  """Who quantizes the operands: our Pallas kernels (Four Over Six included) or the XLA path ('-' where nothing or TE
+  does)."""
   impl = backend.quantizers(precision.kernels)
-  if impl is None:
-    return "-"
-  four_over_six = [r for r in precision.recipe.quantized_roles if precision.recipe.four_over_six(r)]
-  return f"{impl} (4/6 operands: xla)" if impl != "xla" and four_over_six else impl
+  return "-" if impl is None else impl
 
 
 def rows(plan: PrecisionPlan, cfg):

@@ -197,9 +197,9 @@ def test_plan_shows_the_nvfp4_options_and_the_flops_they_leave_in_bf16(monkeypat
   fprop_only = sum(per_gemm[g] for g in ("gate", "up", "down")) * cfg.base_num_decoder_layers / 3
   share = precision.flops_share(plan, (per_gemm, total))
   assert share["te_nvfp4"] == pytest.approx(fprop_only / total.total, rel=1e-12)
-  # The Pallas kernels don't implement 4/6: the plan says its operands take the XLA path.
+  # The Pallas kernels implement 4/6: its operands take them too.
   monkeypatch.setattr(quantizer_impl, "resolve", lambda kernels: quantizer_impl.Kernels.PALLAS)
-  assert {q for g, _, _, b, q in precision.rows(plan, cfg) if g == "gate"} == {"pallas (4/6 operands: xla)"}
+  assert {q for g, _, _, b, q in precision.rows(plan, cfg) if g == "gate"} == {"pallas"}
   plain = precision.plan_from_config(_cfg("quantization=te_nvfp4"))
   assert {q for g, _, _, b, q in precision.rows(plain, cfg) if g == "gate"} == {"pallas"}
 

@@ -70,14 +70,13 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, decode, tra
   where = dict(transpose=transpose, interpret=interpret)
   if recipe.format is Format.NVFP4:
     options = nvfp4_options(recipe, role, key)
-    if options.pop("four_over_six"):
-      return None  # the kernels don't implement Four Over Six: the XLA path quantizes these operands
     if not pallas_quantize.nvfp4_supported(
       (rows, cols), tile=options["tile"], stochastic_rounding=options["stochastic_rounding"], key=key
     ):
       return None
     values, amax = pallas_quantize.nvfp4_block_scaled(x, **options, **where)
-    return QuantizedTensor(values, None, amax, tile=options["tile"])
+    e4m3_max = jnp.float32(nvfp4.global_e4m3_max(options["four_over_six"]))
+    return QuantizedTensor(values, None, amax, e4m3_max, tile=options["tile"])
   if x.size == 0:
     return None
   grid = element_grid(recipe, role)

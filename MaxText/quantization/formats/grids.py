@@ -119,18 +119,30 @@ def abs_max(x, axis=None, keepdims=False):
   return f32_from_bits(jnp.max(f32_bits(x) & _ABS_MASK, axis=axis, keepdims=keepdims))
 
 
-def materialize(*arrays):
-  """The same 32-bit arrays (f32 / int32 / uint32), computed once where XLA would otherwise recompute them
-  inside each consumer.
+_HALVES = np.uint32([0xFFFF0000, 0x0000FFFF])
 
-  XLA fuses cheap producers into every consumer that reads them, so per-block and per-tensor scales
-  (dozens of integer ops each) would be recomputed for every element of a block. It never fuses a
-  division that way, so each array's bits pass through an integer division by a 1 that the compiler
-  can't see is 1 (the sign bit of a value cleared by abs, plus one): exact, and a fusion boundary.
+
+def materialize(*arrays):
+  """The same 32-bit arrays (f32 / int32 / uint32), computed once where XLA would otherwise recompute them inside
+  each consumer.
+
+  XLA fuses cheap producers into every consumer that reads them, so per-block and per-tensor scales (dozens of
+  integer ops each) would be recomputed for every element of a block. It never fuses a reduction into a consumer
+  that reads its elements repeatedly, so the arrays' bits (stacked, per shape) go through one: each value's high
+  and low 16 bits, or-ed back together (exact, and a fusion boundary), the halves on the major axis so XLA:CPU
+  vectorizes it. Not a reduction that XLA folds away: max(b, 0) over a stack, or of b and b >> 1, are simplified to
+  b. (An integer division by a 1 the compiler can't see, before: XLA:CPU divides element by element, and 4/6
+  materializes ~10 values per block.)
   """
-  as_bits = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint32)
-  one = (as_bits(jnp.abs(arrays[0].ravel()[0])) >> 31) + 1
-  return tuple(jax.lax.bitcast_convert_type(as_bits(a) // one, a.dtype) for a in arrays)
+  out = list(arrays)
+  for shape in dict.fromkeys(a.shape for a in arrays):  # one reduction per shape, over its arrays stacked
+    which = [i for i, a in enumerate(arrays) if a.shape == shape]
+    bits = jnp.stack([jax.lax.bitcast_convert_type(arrays[i], jnp.uint32) for i in which])
+    halves = bits[None] & _HALVES.reshape((2,) + (1,) * bits.ndim)  # the halves on the major axis: vectorized
+    kept = jax.lax.reduce(halves, np.uint32(0), jax.lax.bitwise_or, (0,))
+    for k, i in enumerate(which):
+      out[i] = jax.lax.bitcast_convert_type(kept[k], arrays[i].dtype)
+  return tuple(out)
 
 
 def round_to_dtype(x, dtype):
@@ -174,6 +186,25 @@ def saturation_threshold(grid: FloatGrid):
   return grid.max_value + 0.5 * 2.0 ** (max(exp - 1, grid.min_exponent) - grid.mantissa_bits)
 
 
+def e2m1_spacing(abs_x):
+  """(spacing, 1 / spacing) of E2M1 around 0 <= abs_x <= 6: 0.5 below 2, 1 below 4, 2 from 4 (powers of two).
+
+  The same numbers as _quantum_exponent and exp2i give for E2M1, by two compares: rounding to E2M1 is most of a
+  quantizer's per-element work, and this is a third of those ops. (NaN gets 2: its rounding stays NaN.)"""
+  below_2, below_4 = abs_x < 2.0, abs_x < 4.0
+  spacing = jnp.where(below_2, np.float32(0.5), jnp.where(below_4, np.float32(1.0), np.float32(2.0)))
+  inverse = jnp.where(below_2, np.float32(2.0), jnp.where(below_4, np.float32(1.0), np.float32(0.5)))
+  return spacing, inverse
+
+
+def _spacing(abs_x, grid: FloatGrid):
+  """(spacing, 1 / spacing) of `grid` around 0 <= abs_x <= grid.max_value, exact powers of two."""
+  if grid == E2M1:
+    return e2m1_spacing(abs_x)
+  e = _quantum_exponent(abs_x, grid)
+  return exp2i(e), exp2i(-e)
+
+
 def round_to_grid(x, grid: FloatGrid):
   """Round f32 `x` to nearest-even on `grid`, saturating at ±max; NaN stays NaN. Returns f32.
 
@@ -183,8 +214,8 @@ def round_to_grid(x, grid: FloatGrid):
   """
   x = x.astype(jnp.float32)
   abs_x = jnp.minimum(jnp.abs(x), grid.max_value)
-  e = _quantum_exponent(abs_x, grid)
-  rounded = jnp.minimum(jnp.round(abs_x * exp2i(-e)) * exp2i(e), grid.max_value)
+  spacing, inverse = _spacing(abs_x, grid)
+  rounded = jnp.minimum(jnp.round(abs_x * inverse) * spacing, grid.max_value)
   return jnp.where(jnp.isnan(x), x, jnp.copysign(rounded, x))
 
 
@@ -206,8 +237,7 @@ def stochastic_round_with_uniforms(x, grid: FloatGrid, u):
   """
   x = x.astype(jnp.float32)
   abs_x = jnp.minimum(jnp.abs(x), grid.max_value)
-  e = _quantum_exponent(abs_x, grid)
-  q, inv_q = exp2i(e), exp2i(-e)
+  q, inv_q = _spacing(abs_x, grid)
   lower = jnp.floor(abs_x * inv_q) * q
   frac = (abs_x - lower) * inv_q  # in [0, 1): exact, lower and q are on the grid
   rounded = jnp.minimum(lower + jnp.where(u < frac, q, 0.0), grid.max_value)
@@ -216,11 +246,21 @@ def stochastic_round_with_uniforms(x, grid: FloatGrid, u):
 
 def uniform16(key, shape):
   """Uniforms (r + 0.5) / 2**16, r a 16-bit draw (exact in f32), two per threefry word."""
+  return uniform_from_draws(draws16(key, shape))
+
+
+def draws16(key, shape):
+  """uniform16's 16-bit draws r (uint16): two per threefry word, the low halves first."""
   n = math.prod(shape)
   words = jax.random.bits(key, ((n + 1) // 2,), jnp.uint32)
   # [low halves; high halves] by a broadcast shift, not a concatenate (which stops XLA:CPU vectorizing)
   halves = (words[None, :] >> np.array([[0], [16]], np.uint32)) & np.uint32(0xFFFF)
-  return ((halves.astype(jnp.float32) + 0.5) * 2.0**-16).ravel()[:n].reshape(shape)
+  return halves.astype(jnp.uint16).ravel()[:n].reshape(shape)
+
+
+def uniform_from_draws(r):
+  """(r + 0.5) / 2**16 in f32 (exact) for 16-bit draws r."""
+  return (r.astype(jnp.float32) + 0.5) * 2.0**-16
 
 
 def cast_exact(x_on_grid, grid: FloatGrid):

@@ -155,12 +155,13 @@ def _check_arguments(x, tile, stochastic_rounding, key, four_over_six):
   fos.check_mode(four_over_six)
 
 
-def _round_blocks(x_MxBx16, encode_MxB, u_MxBx16):
-  """x * the block's encode scale, clipped to +-6, rounded to E2M1: to nearest, or stochastically with u."""
-  scaled = jnp.clip(x_MxBx16 * encode_MxB[..., None], -E2M1_MAX, E2M1_MAX)
-  if u_MxBx16 is None:
+def _round_blocks(x_MxBx16, encode_MxB, draws_MxBx16):
+  """x * the block's encode scale, clipped to +-6, rounded to E2M1: to nearest, or stochastically with the 16-bit
+  draws (grids.draws16)."""
+  scaled = jnp.clip(x_MxBx16.astype(jnp.float32) * encode_MxB[..., None], -E2M1_MAX, E2M1_MAX)
+  if draws_MxBx16 is None:
     return grids.round_to_grid(scaled, grids.E2M1)
-  return grids.stochastic_round_with_uniforms(scaled, grids.E2M1, u_MxBx16)
+  return grids.stochastic_round_with_uniforms(scaled, grids.E2M1, grids.uniform_from_draws(draws_MxBx16))
 
 
 def _map_to_six(x_MxBx16, block_amax, s_enc, s_dec, u_MxBx16):
@@ -175,9 +176,10 @@ def _map_to_six(x_MxBx16, block_amax, s_enc, s_dec, u_MxBx16):
 def _four_over_six(x_MxBx16, block_amax, amax, s_enc, s_dec, u_MxBx16, tile, mode):
   """Four Over Six: both candidates quantized (with the same uniforms under SR), the one with the smaller error
   kept per block, or per 16x16 tile (rows of x a multiple of 16 there)."""
-  decode, encode = fos.candidate_scales(block_amax, s_enc, s_dec)  # [2, M, B]: map-to-6, map-to-4
-  candidates = _round_blocks(x_MxBx16[None], encode, None if u_MxBx16 is None else u_MxBx16[None])
-  errors = fos.block_errors(candidates, decode, x_MxBx16, amax, mode)
+  decode, encode, d = fos.candidate_scales(block_amax, amax, s_enc, s_dec)  # [2, M, B]: map-to-6, map-to-4
+  # amax's sign bit (always 0) read back from memory: a barrier keeps its value out of the compiler's sight.
+  zero = grids.f32_bits(jax.lax.optimization_barrier(amax)) >> 31
+  errors = fos.block_errors(x_MxBx16, decode, encode, d, amax, zero, mode, u_MxBx16)
   if tile != (1, BLOCK):
     errors = fos.tile_errors(errors)
   decode, encode = fos.choose(decode, encode, errors)
@@ -201,13 +203,15 @@ def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, four_over_six, out,
   s_enc = global_encode_scale(amax, e4m3_max)
   s_dec = grids.div_rn(1.0, s_enc)
 
-  padded = _pad_to_block(x_f32, tile[0])  # 4/6 on 16x16 tiles sums the errors of zero rows too (all 0)
+  # In x's dtype (the conversion to f32 is exact): each pass converts what it reads, no f32 copy is written.
+  padded = _pad_to_block(x, tile[0])  # 4/6 on 16x16 tiles sums the errors of zero rows too (all 0)
   rows = padded.shape[0] if four_over_six else m
   x_blocks = padded[:rows].reshape(rows, -1, BLOCK)
-  block_amax = _block_amax(padded, tile)[:rows]  # [rows, ceil(N/16)]
+  block_amax = _block_amax(padded.astype(jnp.float32), tile)[:rows]  # [rows, ceil(N/16)]
   u_blocks = None
   if stochastic_rounding:  # drawn for [M, N] as before; the padding (zeros) never rounds up
-    u = grids.uniform16(key, (m, n))
+    # 16-bit draws, not the f32 uniforms: the 4/6 error pass and the quantize pass both read them (half the bytes)
+    u = grids.draws16(key, (m, n))
     u_blocks = jnp.pad(u, ((0, rows - m), (0, padded.shape[1] - n))).reshape(rows, -1, BLOCK)
   if four_over_six:
     values, decode = _four_over_six(x_blocks, block_amax, amax, s_enc, s_dec, u_blocks, tile, four_over_six)

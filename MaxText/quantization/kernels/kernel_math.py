@@ -112,6 +112,27 @@ def hadamard16(x):
   return grids.round_to_bf16(h * 0.25).astype(jnp.float32)
 
 
+def sum_in_order(x):
+  """x[..., 0] + x[..., 1] + ... over the last axis, left to right (Four Over Six's per-block error, TE's per-thread
+  loop): jnp.sum's order is the compiler's. The parts come from halving splits (slices of a register tensor don't
+  exist)."""
+  parts = jnp.split(x, x.shape[-1], axis=-1)
+  total = parts[0]
+  for part in parts[1:]:
+    total = total + part
+  return total[..., 0]
+
+
+def tile_sums(rows_x16):
+  """16x16 tiles: the 16 rows of axis -2 (length 16) summed as four_over_six.tile_errors does (rows i + i+8, then
+  + i+4, + i+2, + i+1), each step a sum over a length-2 axis: one add, in no particular order but commutative."""
+  *lead, n, cols = rows_x16.shape
+  while n > 1:
+    n //= 2
+    rows_x16 = jnp.sum(rows_x16.reshape(*lead, 2, n, cols), axis=-3)
+  return rows_x16
+
+
 def e2m1_storage(q):
   """What an E2M1 value on the grid reads back as after the XLA path's f32 -> float4_e2m1fn -> f32
   round trip: itself, except NaN (E2M1 has none), which XLA converts to -0."""

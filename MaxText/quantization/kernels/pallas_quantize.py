@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
+from MaxText.quantization.formats import four_over_six as fos
 from MaxText.quantization.formats import grids
 from MaxText.quantization.kernels import kernel_math as km
 from MaxText.quantization.formats import nvfp4
@@ -103,8 +104,8 @@ def _tile_amax_bits(block_bits):
   return jnp.broadcast_to(tiles, (p, rows // NVFP4_BLOCK, NVFP4_BLOCK, blocks)).reshape(p, rows, blocks)
 
 
-def _nvfp4_kernel(scales_ref, *refs, layout, tile_rows, rht, sr, operand_cols):
-  """nvfp4._quantize_jit(out="block_scaled") on one tile; scales_ref = (S_enc, 1/S_enc)."""
+def _nvfp4_kernel(scales_ref, *refs, layout, tile_rows, rht, sr, operand_cols, four_over_six):
+  """nvfp4._quantize_jit(out="block_scaled") on one tile; scales_ref = (S_enc, 1/S_enc, amax)."""
   key_ref, x_ref, o_ref = refs if sr else (None, *refs)
   x = layout.load(x_ref)
   p, rows, cols = x.shape
@@ -114,17 +115,55 @@ def _nvfp4_kernel(scales_ref, *refs, layout, tile_rows, rht, sr, operand_cols):
   block_bits = km.amax_bits(x, axis=-1)
   if tile_rows == NVFP4_BLOCK:
     block_bits = _tile_amax_bits(block_bits)
-  s_enc, s_dec = scales_ref[0], scales_ref[1]
-  decode = km.minimum(grids.f32_from_bits(block_bits) * (s_enc * (1.0 / nvfp4.E2M1_MAX)), grids.FLT_MAX)
-  decode = km.round_to_grid(km.clip(decode, -nvfp4.E4M3_MAX, nvfp4.E4M3_MAX), grids.E4M3)
-  encode = km.minimum(grids.div_rn(1.0, decode * s_dec), grids.FLT_MAX)
-  scaled = km.clip(x * encode[..., None], -nvfp4.E2M1_MAX, nvfp4.E2M1_MAX)
-  if sr:
-    u = _sr_uniforms(layout, key_ref, operand_cols).reshape(scaled.shape)
-    values = km.stochastic_round_to_grid(scaled, grids.E2M1, u)
+  s_enc, s_dec, amax = scales_ref[0], scales_ref[1], scales_ref[2]
+  u = _sr_uniforms(layout, key_ref, operand_cols).reshape(x.shape) if sr else None
+  block_amax = grids.f32_from_bits(block_bits)
+  if four_over_six:
+    decode, encode = _four_over_six_choice(x, block_amax, amax, s_enc, s_dec, u, tile_rows, four_over_six)
   else:
-    values = km.round_to_grid(scaled, grids.E2M1)
+    decode = km.minimum(block_amax * (s_enc * (1.0 / nvfp4.E2M1_MAX)), grids.FLT_MAX)
+    decode = km.round_to_grid(km.clip(decode, -nvfp4.E4M3_MAX, nvfp4.E4M3_MAX), grids.E4M3)
+    encode = km.minimum(grids.div_rn(1.0, decode * s_dec), grids.FLT_MAX)
+  scaled = km.clip(x * encode[..., None], -nvfp4.E2M1_MAX, nvfp4.E2M1_MAX)
+  values = km.round_to_grid(scaled, grids.E2M1) if u is None else km.stochastic_round_to_grid(scaled, grids.E2M1, u)
   o_ref[...] = (values * decode[..., None]).reshape(p, rows, cols).astype(o_ref.dtype)
+
+
+def _four_over_six_choice(x, block_amax, amax, s_enc, s_dec, u, tile_rows, mode):
+  """(decode, encode) [pair, rows, blocks] of the Four Over Six candidate kept per block (or 16x16 tile): both
+  candidates' scales, errors and the choice as nvfp4._four_over_six computes them (four_over_six.py's arithmetic
+  with kernel_math's NaN-propagating minimum and rounding), all in registers."""
+  abs_x = km.abs_(x)
+  zero = grids.f32_bits(amax) >> 31  # amax's sign bit (0) from memory: Triton can't fold it (FMA-safe squares)
+  candidates = []
+  for m in (1.0, 1.5):  # map-to-6, map-to-4
+    decode, encode, d0, d1 = fos.scales_and_factors(
+      block_amax, m, amax, s_enc, s_dec, minimum=km.minimum, round_to_grid=km.round_to_grid
+    )
+    terms = fos.element_terms(
+      abs_x,
+      *(a[..., None] for a in (decode, encode, d0, d1)),
+      amax,
+      zero,
+      mode,
+      u,
+      minimum=km.minimum,
+      round_half_even=km.round_half_even,
+    )
+    errors = km.sum_in_order(terms)  # [pair, rows, blocks]
+    if tile_rows == NVFP4_BLOCK:
+      errors = _tile_errors(errors)
+    candidates.append((decode, encode, errors))
+  (decode_6, encode_6, errors_6), (decode_4, encode_4, errors_4) = candidates
+  use_4 = errors_4 < errors_6  # ties and NaN errors keep 6
+  return jnp.where(use_4, decode_4, decode_6), jnp.where(use_4, encode_4, encode_6)
+
+
+def _tile_errors(errors):
+  """[pair, rows, blocks] row errors -> every row of a 16x16 tile gets the tile's error (four_over_six.tile_errors)."""
+  p, rows, blocks = errors.shape
+  tiles = km.tile_sums(errors.reshape(p, rows // NVFP4_BLOCK, NVFP4_BLOCK, blocks))  # [pair, tiles, 1, blocks]
+  return jnp.broadcast_to(tiles, (p, rows // NVFP4_BLOCK, NVFP4_BLOCK, blocks)).reshape(p, rows, blocks)
 
 
 def nvfp4_supported(shape, *, tile=(1, 16), stochastic_rounding=False, key=None):
@@ -139,10 +178,18 @@ def nvfp4_supported(shape, *, tile=(1, 16), stochastic_rounding=False, key=None)
 
 
 def nvfp4_block_scaled(
-  x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, transpose=False, interpret=False
+  x,
+  *,
+  tile=(1, 16),
+  rht=False,
+  stochastic_rounding=False,
+  key=None,
+  four_over_six=None,
+  transpose=False,
+  interpret=False,
 ):
   """nvfp4.quantize_block_scaled(x.T if transpose else x, ...): (bf16 values * block scales [R, C], amax).
-  For operands nvfp4_supported covers."""
+  For operands nvfp4_supported covers; four_over_six: None, "mse" or "mae" (Four Over Six in the same kernel)."""
   rows, cols = x.shape[::-1] if transpose else x.shape
   if not nvfp4_supported((rows, cols), tile=tile, stochastic_rounding=stochastic_rounding, key=key):
     raise ValueError(
@@ -154,8 +201,8 @@ def nvfp4_block_scaled(
   tile_rows = tile[0]
   padded = pallas_layout.pad_operand(x, transpose=transpose, row_multiple=tile_rows, col_multiple=NVFP4_BLOCK)
   amax = amax_padded(padded, transpose=transpose, rht=rht, interpret=interpret)
-  s_enc = nvfp4.global_encode_scale(amax)
-  scalars = [jnp.stack([s_enc, grids.div_rn(1.0, s_enc)])]
+  s_enc = nvfp4.global_encode_scale(amax, nvfp4.global_e4m3_max(four_over_six))
+  scalars = [jnp.stack([s_enc, grids.div_rn(1.0, s_enc), amax])]
   if stochastic_rounding:
     scalars.append(threefry.key_words(key))
   padded_rows, padded_cols = padded.shape[::-1] if transpose else padded.shape
@@ -163,10 +210,20 @@ def nvfp4_block_scaled(
     padded_rows, padded_cols, transpose=transpose, pair=2 if stochastic_rounding else 1
   )
   kernel = functools.partial(
-    _nvfp4_kernel, layout=layout, tile_rows=tile_rows, rht=rht, sr=stochastic_rounding, operand_cols=cols
+    _nvfp4_kernel,
+    layout=layout,
+    tile_rows=tile_rows,
+    rht=rht,
+    sr=stochastic_rounding,
+    operand_cols=cols,
+    four_over_six=four_over_six,
   )
   name = (
-    "nvfp4" + ("_16x16" if tile_rows > 1 else "") + ("_rht" if rht else "") + ("_sr" if stochastic_rounding else "")
+    "nvfp4"
+    + ("_16x16" if tile_rows > 1 else "")
+    + ("_rht" if rht else "")
+    + ("_sr" if stochastic_rounding else "")
+    + (f"_4over6_{four_over_six}" if four_over_six else "")
   )
   out = _call(kernel, layout, jnp.bfloat16, name, interpret, scalars)(*scalars, layout.view(padded))
   return _finish(out, layout, rows, cols), amax

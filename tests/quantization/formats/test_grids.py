@@ -78,6 +78,31 @@ def test_round_to_bf16_exp2i_and_exponents_from_bits():
   np.testing.assert_array_equal(grids.e8m0_exponent_at_least(ratios), [0, 0, 0, -127, -126, -126, 126, 0])
 
 
+def test_e2m1_spacing_is_the_exponent_fields_power_of_two():
+  """The compare-based E2M1 spacing round_to_grid uses equals exp2i(+-_quantum_exponent) on every f32 in [0, 6] at
+  a stride that visits every binade, the boundaries 2 and 4 and their neighbours, and NaN."""
+  bits = np.arange(0, np.float32(6.0).view(np.uint32) + 1, 997, dtype=np.uint32)
+  edges = np.float32([0, 2, 4, 6, 1e-45, 1.1754942e-38]).view(np.uint32)
+  bits = np.concatenate([bits, edges, edges + 1, edges[1:] - 1]).view(np.float32)
+  e = grids._quantum_exponent(bits, grids.E2M1)  # pylint: disable=protected-access
+  spacing, inverse = grids.e2m1_spacing(bits)
+  np.testing.assert_array_equal(spacing, grids.exp2i(e))
+  np.testing.assert_array_equal(inverse, grids.exp2i(-e))
+  q = np.asarray(grids.round_to_grid(np.float32([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.9, 7.0, -3.0]), grids.E2M1))
+  np.testing.assert_array_equal(q, [0, 1, 1, 2, 2, 4, 4, 6, 6, -3])  # ties to even, saturation, sign
+
+
+def test_materialize_returns_every_bit_pattern_unchanged():
+  rng = np.random.default_rng(2)
+  x = _random_f32(rng, 4096).reshape(64, 64)
+  i = rng.integers(-(2**31), 2**31, (2, 64, 64), dtype=np.int64).astype(np.int32)
+  u = rng.integers(0, 2**32, (64, 64), dtype=np.uint64).astype(np.uint32)
+  got = jax.jit(grids.materialize)(x, i, u)
+  np.testing.assert_array_equal(np.asarray(got[0]).view(np.uint32), x.view(np.uint32))  # NaN payloads included
+  np.testing.assert_array_equal(got[1], i)
+  np.testing.assert_array_equal(got[2], u)
+
+
 def _operand(key, shape):
   """Lognormal magnitudes with a few large outliers: spread over many binades, blocks of every scale."""
   k1, k2, k3 = jax.random.split(key, 3)

@@ -58,8 +58,8 @@ def _export(fn, *args):
   return triton_kernels(exported.mlir_module())
 
 
-def _dense_fwd_bwd(name):
-  recipe = get_recipe(name)
+def _dense_fwd_bwd(name, **knobs):
+  recipe = get_recipe(name, **knobs)
   history = jnp.zeros((3, 4), jnp.float32)
 
   def fwd_bwd(x, w, dy, key):
@@ -103,6 +103,13 @@ EXPECTED = {
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_a_quantized_dense_runs_the_expected_triton_kernels(as_if_on_a_gpu, name):
   assert _dense_fwd_bwd(name) == collections.Counter(EXPECTED[name])
+
+
+@pytest.mark.parametrize("mode", ["mse", "mae"])
+def test_four_over_six_operands_run_the_fused_4over6_kernels(as_if_on_a_gpu, mode):
+  """te_nvfp4 with 4/6 on every operand: the same amax passes, each quantize pass the 4/6 kernel of its role."""
+  want = {k if "amax" in k else f"{k}_4over6_{mode}": v for k, v in EXPECTED["te_nvfp4"].items()}
+  assert _dense_fwd_bwd("te_nvfp4", nvfp4_4over6="all", nvfp4_4over6_err_mode=mode) == collections.Counter(want)
 
 
 def test_the_train_step_quantizes_every_mlp_operand_with_triton_kernels(as_if_on_a_gpu):

@@ -5,6 +5,8 @@ Operands are always jit arguments, never closed-over constants: XLA:CPU constant
 through its HLO evaluator, whose results for these quantizers can differ from compiled code.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,8 +82,9 @@ def adversarial_operands(shape, seed=0):
 
 
 def _quantize_roles(name, roles, kernels):
-  """jit(x, w, dy, key, history) -> {role: QuantizedTensor} for `name`'s roles with `kernels`."""
-  recipe = get_recipe(name)
+  """jit(x, w, dy, key, history) -> {role: QuantizedTensor} for `name`'s (a recipe name, or a Recipe) roles with
+  `kernels`."""
+  recipe = get_recipe(name) if isinstance(name, str) else name
   arrays = lambda x, w, dy: {"x": x, "w": w, "dy": dy}
 
   def run(x, w, dy, key, scales):
@@ -111,7 +114,7 @@ def _assert_roles_equal(name, kernels_fn, xla_fn):
     args = (*_inputs(kind, by_shape), jax.random.key(11), scales)
     got, want = kernels_fn(*args), xla_fn(*args)
     for role in want:
-      for part in ("values", "global_scale"):
+      for part in ("values", "global_scale", "e4m3_max"):
         g, w = getattr(got[role], part), getattr(want[role], part)
         assert g.dtype == w.dtype, (name, kind, role, part)
         assert same_bits(g, w), (name, kind, role, part)
@@ -121,6 +124,39 @@ def _assert_roles_equal(name, kernels_fn, xla_fn):
 def test_kernels_give_the_xla_paths_bits_for_every_role(name):
   roles = TRAINER_ROLES[name]
   _assert_roles_equal(name, _quantize_roles(name, roles, Kernels.INTERPRET), _quantize_roles(name, roles, Kernels.XLA))
+
+
+@pytest.mark.parametrize("mode", ["mse", "mae"])
+def test_the_four_over_six_kernel_gives_the_xla_paths_bits_for_every_role(mode):
+  """Four Over Six in the NVFP4 kernel: 1x16 (x, w_t), 16x16 tiles (w), SR (dy), RHT (x_t), RHT + SR (dy_t), on
+  random and adversarial operands; the kernel path is taken, not the XLA fallback."""
+  recipe = get_recipe("te_nvfp4", nvfp4_4over6="all", nvfp4_4over6_err_mode=mode)
+  roles = TRAINER_ROLES["te_nvfp4"]
+  kernel_names = str(
+    jax.make_jaxpr(_quantize_roles(recipe, roles, Kernels.INTERPRET))(
+      *(jnp.zeros(s, d) for s, d in (((M, K), jnp.bfloat16), ((K, N), jnp.float32), ((M, N), jnp.bfloat16))),
+      jax.random.key(0),
+      jnp.float32([1, 1, 1]),
+    )
+  )
+  suffixes = ("", "_16x16", "_sr", "_rht", "_rht_sr")  # x and w_t share the 1x16 kernel
+  assert set(re.findall(r"name=quantize_(nvfp4\w*)", kernel_names)) == {f"nvfp4{s}_4over6_{mode}" for s in suffixes}
+  _assert_roles_equal(
+    recipe, _quantize_roles(recipe, roles, Kernels.INTERPRET), _quantize_roles(recipe, roles, Kernels.XLA)
+  )
+
+
+@pytest.mark.slow
+def test_the_four_over_six_kernel_ignores_how_the_backend_divides():
+  recipe = get_recipe("te_nvfp4", nvfp4_4over6="all")
+  roles = TRAINER_ROLES["te_nvfp4"]
+  by_shape = {s: adversarial_operands(s, seed=i) for i, s in enumerate([(M, K), (K, N), (M, N)])}
+  args = (*_inputs("random", by_shape), jax.random.key(11), jnp.float32([0.7, 3.1, 41.0]))
+  want = _quantize_roles(recipe, roles, Kernels.XLA)(*args)
+  with gpu_like_division():
+    got = _quantize_roles(recipe, roles, Kernels.INTERPRET)(*args)
+  for role in roles:
+    assert same_bits(got[role].values, want[role].values), role
 
 
 @pytest.mark.slow
