@@ -28,6 +28,8 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import provenance  # noqa: E402
+
 # Runs in the child: imports, resets the peak, converts, prints the numbers as JSON.
 CHILD = r"""
 import json, sys, time, pathlib
@@ -141,9 +143,9 @@ def main():
     r = run_child(argv)
     above = r["peak"] - r["baseline"]
     rows.append((name, above / 1e9, above / size, size / 1e9 / r["seconds"], r["seconds"]))
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+  commit = provenance.commit() or "unknown"
   print(
-    f"\ncommit {commit.strip()}, {platform.node()}, {platform.processor() or platform.machine()}, "
+    f"\ncommit {commit}, {platform.node()}, {platform.processor() or platform.machine()}, "
     f"checkpoint {size / 1e9:.2f} GB bf16 ({count / 1e9:.2f}B parameters)"
   )
   print(f"| {'step':<22} | peak RSS above baseline | / checkpoint size | GB/s  | seconds |")

@@ -13,7 +13,6 @@ The model is the config's, randomly initialised (speed doesn't depend on the wei
 import argparse
 import pathlib
 import platform
-import subprocess
 import sys
 
 import numpy as np
@@ -22,6 +21,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import jax  # noqa: E402
+
+from benchmarks import provenance  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from MaxText import config as config_lib  # noqa: E402
@@ -67,9 +68,9 @@ def main():
     recomputed = tokens_per_second(cfg, params, False, prompts, args.repeats)
     nvfp4 = tokens_per_second(cfg.replace(quantization="te_nvfp4"), params, True, prompts, args.repeats)
     rows.append((context, cached, recomputed, nvfp4))
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+  commit = provenance.commit() or "unknown"
   print(
-    f"commit {commit.strip()}, {platform.node()}, {jax.devices()[0].platform} x{jax.device_count()}, "
+    f"commit {commit}, {platform.node()}, {jax.devices()[0].platform} x{jax.device_count()}, "
     f"{pathlib.Path(args.config).name} ({cfg.dtype}), batch {args.batch * jax.device_count()}, "
     f"{args.new_tokens} new tokens, median of {args.repeats}"
   )

@@ -32,7 +32,6 @@ import json
 import math
 import pathlib
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ import traceback
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import provenance  # noqa: E402
 from scripts import xla_flags  # noqa: E402  (no jax import: flags go in before jax starts its backend)
 
 SCHEMA = 1
@@ -111,8 +111,9 @@ def _throughput(config_path, overrides, out_dir, metrics):
     row["ratio"] = rows[0]["median_s"] / row["median_s"] if rows else 1.0  # speed vs bf16, the first mode
     rows.append(row)
     _throughput_metrics(row, rows[0], THROUGHPUT_TARGETS[config_path], metrics)
-    metrics.save({"rows": [{k: v for k, v in r.items() if k != "profile"} for r in rows]})
-  return {"rows": [{k: v for k, v in r.items() if k != "profile"} for r in rows]}
+    detail = {"rows": [{k: v for k, v in r.items() if k != "profile"} for r in rows]}
+    metrics.save(detail)
+  return detail
 
 
 def _throughput_metrics(row, base, targets, metrics):
@@ -207,9 +208,7 @@ def _machine(jax_started):
     from benchmarks import modes as modes_lib  # pylint: disable=import-outside-toplevel
 
     return modes_lib.machine()
-  commit = subprocess.run(
-    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO, check=False
-  ).stdout.strip()
+  commit = provenance.commit()
   return {"commit": commit or "unknown", "device": None, "host": platform.platform(), "jax": None}
 
 

@@ -12,13 +12,14 @@ import json
 import pathlib
 import platform
 import shutil
-import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import jax  # noqa: E402
+
+from benchmarks import provenance  # noqa: E402
 
 from MaxText import config, train  # noqa: E402
 from MaxText.runtime import preemption  # noqa: E402
@@ -72,13 +73,7 @@ def argument_parser(doc, default_modes, default_steps):
 
 def machine():
   """Commit, devices, host and jax version: what every recorded figure names."""
-  commit = subprocess.run(
-    ["git", "rev-parse", "--short", "HEAD"],
-    capture_output=True,
-    text=True,
-    cwd=pathlib.Path(__file__).parent,
-    check=False,
-  ).stdout.strip()
+  commit = provenance.commit()
   device = jax.devices()[0]
   return {
     "commit": commit or "unknown",

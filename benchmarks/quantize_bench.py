@@ -20,13 +20,14 @@ import argparse
 import json
 import pathlib
 import platform
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
+
+from benchmarks import provenance  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -205,9 +206,7 @@ def main():
   if "pallas" in impls and not on_gpu:
     print(f"error: --impls pallas: {quantizer_impl.unavailable_reason()}; use --impls xla", file=sys.stderr)
     sys.exit(2)
-  commit = subprocess.run(
-    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=pathlib.Path(__file__).parent
-  ).stdout.strip()
+  commit = provenance.commit() or "unknown"
   device = jax.devices()[0]
   print(
     f"device: {device.platform} ({getattr(device, 'device_kind', '')}), {platform.machine()}, "

@@ -40,6 +40,10 @@ import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks import provenance  # noqa: E402
+
 UPSTREAM_VENV = REPO / ".venv-maxtext"
 UPSTREAM_INTERPRETER = "python3.12"  # maxtext 0.2.5: Requires-Python >= 3.12
 # maxtext 0.2.5 declares its dependencies only under extras (cuda12, tpu, ...) that pull accelerator wheels and
@@ -343,15 +347,6 @@ def versions(python):
   return json.loads(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
-def commit(repo):
-  """The checkout's short commit (with '+' when its tracked files differ from it), or None outside git."""
-  run = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True)
-  head = run("rev-parse", "--short", "HEAD")
-  if head.returncode != 0:
-    return None
-  return head.stdout.strip() + ("+" if run("diff", "--quiet", "HEAD").returncode else "")
-
-
 def measure(modes, pairs, steps, warmup, upstream_python, work_dir, ours_repo=REPO):
   """[(ours, theirs)] RunResults, `pairs` per mode; which side runs first alternates between pairs."""
   env, theirs_env = base_env(), {**base_env(), **UPSTREAM_ENV}
@@ -412,7 +407,11 @@ def main(argv=None):
   machine = {
     "machine": platform.machine(),
     "cpus": os.cpu_count(),
-    "ours": {**versions(sys.executable), "repo": str(args.ours_repo), "commit": commit(args.ours_repo)},
+    "ours": {
+      **versions(sys.executable),
+      "repo": str(args.ours_repo),
+      "commit": provenance.commit(args.ours_repo, mark_dirty=True),
+    },
     "theirs": versions(upstream_python),
   }
   print(f"machine: {json.dumps(machine)}", flush=True)
