@@ -2,14 +2,16 @@
 recipe's backward (fprop, dgrad and wgrad GEMMs: backends/base.py), plus optional quantization telemetry."""
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
 from MaxText.quantization import backends
+from MaxText.quantization import partition as partition_lib
 from MaxText.quantization import stats as stats_lib
 from MaxText.quantization.backends import emulated
-from MaxText.quantization.backends.base import REMAT_NAME, split_grad_keys
+from MaxText.quantization.backends.base import REMAT_NAME, OperandBackend, split_grad_keys
 from MaxText.quantization.kernels.quantizer_impl import Kernels
 from MaxText.quantization.recipes import Recipe
 
@@ -84,8 +86,35 @@ def qmatmul(x, w, recipe: Recipe, *, key=None, backend=backends.Choice.AUTO, sta
   return y
 
 
-def qdense(x, w, recipe: Recipe, *, key=None, backend=backends.Choice.AUTO, stats_sink=None, kernels=Kernels.AUTO):
-  """x [..., K] . w [K, N] per `recipe`: flattens leading axes into rows (the Dense-layer hook)."""
+def qdense(
+  x,
+  w,
+  recipe: Recipe,
+  *,
+  key=None,
+  backend=backends.Choice.AUTO,
+  stats_sink=None,
+  kernels=Kernels.AUTO,
+  partition: partition_lib.GemmAxes = None,
+):
+  """x [..., K] . w [K, *out] per `recipe` -> [..., *out]: leading axes flattened into rows (the Dense-layer hook).
+
+  `partition`: the mesh axes splitting each dimension (partition.GemmAxes). Under a mesh that splits them, an operand
+  backend's GEMM (emulated, xla) runs partitioned: each device quantizes its own shard and the collectives are the
+  BF16 GEMM's (partition.py); the quantized bits are one device's. Without it, or for bf16, TE and delayed scaling,
+  the GEMM is one global computation that XLA partitions."""
   *lead, k = x.shape
-  y = qmatmul(x.reshape(-1, k), w, recipe, key=key, backend=backend, stats_sink=stats_sink, kernels=kernels)
-  return y.reshape(*lead, w.shape[1])
+  out = w.shape[1:]
+  if partition_lib.active(partition) and recipe.quantized and not recipe.stateful:
+    chosen = backend if hasattr(backend, "matmul") else backends.resolve(recipe, backend)
+    if isinstance(chosen, OperandBackend):
+      y = partition_lib.qdense(x, w, recipe, chosen, key=_as_key(key, recipe), kernels=kernels, axes=partition)
+      if stats_sink is not None:
+        y2 = y.reshape(-1, math.prod(out))
+        y = (y2 + _stats_probe(x.reshape(-1, k), w.reshape(k, -1), _as_key(key, recipe), stats_sink, recipe)).reshape(
+          y.shape
+        )
+      return y
+  w2 = w.reshape(k, -1)
+  y = qmatmul(x.reshape(-1, k), w2, recipe, key=key, backend=backend, stats_sink=stats_sink, kernels=kernels)
+  return y.reshape(*lead, *out)

@@ -110,6 +110,12 @@ def logical_to_spec(logical_axes, shape, mesh_sizes, *, strict=True, what="array
   strict: a dim that those axes don't divide is an error (parameters); otherwise it stays unsplit
   (activations).
   """
+  dims = mesh_axes(logical_axes, shape, mesh_sizes, strict=strict, what=what)
+  return P(*(None if not axes else axes[0] if len(axes) == 1 else axes for axes in dims))
+
+
+def mesh_axes(logical_axes, shape, mesh_sizes, *, strict=True, what="array"):
+  """logical_to_spec as a tuple of mesh-axis tuples, one per dim (() for an unsplit dim)."""
   spec, used = [], set()
   for dim, name in zip(shape, logical_axes):
     axes = tuple(a for a in LOGICAL_RULES[name] if mesh_sizes.get(a, 1) > 1 and a not in used)
@@ -122,8 +128,8 @@ def logical_to_spec(logical_axes, shape, mesh_sizes, *, strict=True, what="array
         )
       axes = ()
     used.update(axes)
-    spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
-  return P(*spec)
+    spec.append(axes)
+  return tuple(spec)
 
 
 def param_path(path):

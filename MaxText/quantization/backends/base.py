@@ -52,8 +52,12 @@ class OperandBackend:
   def unavailable_reason(self, recipe: Recipe) -> typing.Optional[str]:
     raise NotImplementedError
 
-  def quantize(self, x, recipe: Recipe, role: str, key=None, *, kernels, transpose=False) -> QuantizedTensor:
-    """One operand, x or x.T, quantized as the GEMM reads it; `kernels` picks the quantizers' implementation."""
+  def quantize(
+    self, x, recipe: Recipe, role: str, key=None, *, kernels, transpose=False, amax_axes=(), draws=None
+  ) -> QuantizedTensor:
+    """One operand, x or x.T, quantized as the GEMM reads it; `kernels` picks the quantizers' implementation.
+    `amax_axes`, `draws`: x is one device's shard of the operand, inside a partitioned GEMM (partition.py): its
+    per-tensor amax is the largest over these mesh axes, `draws` its elements' stochastic-rounding draws."""
     raise NotImplementedError
 
   def gemm(self, a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe):
