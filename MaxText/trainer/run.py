@@ -9,7 +9,7 @@ import jax
 from MaxText import precision, storage
 from MaxText.config import RunShape
 from MaxText.errors import UserError
-from MaxText.runtime import compile_cache, distributed, job_stop, peers, preemption
+from MaxText.runtime import compile_cache, distributed, job_stop, peers, preemption, sharding
 from MaxText.trainer import preflight, run_setup
 from MaxText.trainer.loop import Loop, NonFiniteLoss
 
@@ -73,7 +73,7 @@ def _train(cfg, process_index, process_count, watchdog, stop):
   compile_cache.configure(cfg.jax_cache_dir)
   run = run_setup.build(cfg, plan, run_shape, devices, process_index, process_count, out_dir)
   try:
-    with jax.set_mesh(run.mesh):
+    with sharding.use_mesh(run.mesh):
       loop = Loop(
         run.state,
         run.steps,
