@@ -409,6 +409,37 @@ def _check_divisible(what, shape, dim_axes, mesh):
       )
 
 
+def _check_blocks(recipe: Recipe, axes: GemmAxes, mesh, x_shape, w_shape):
+  """Every scaling block of every operand lies within one device's shard: its contraction shards (K for x and w, the
+  output columns for dy and w^T, the tokens for x^T and dy^T) are whole blocks, and 16x16 weight tiles whole tiles.
+  A PartitionError saying which dimension and by how much otherwise (sharding.check_quantization_blocks says it
+  in the config's terms before anything is built)."""
+  block = recipe.block_size
+  if not block:
+    return
+  local = lambda n, ax: n // _sizes(mesh, ax)
+  rows = [local(n, ax) for n, ax in zip(x_shape[:-1], axes.rows)]
+  split_rows = [i for i, ax in enumerate(axes.rows) if _sizes(mesh, ax) > 1]
+  # The tokens of a wgrad block are consecutive in the flattened rows: whole blocks of the innermost split row dim,
+  # or of all the local rows when only the outermost is split.
+  tokens = rows[-1] if split_rows and split_rows[-1] == len(rows) - 1 else math.prod(rows)
+  checks = [
+    ("x's contraction (K)", local(x_shape[-1], axes.x_k)),
+    ("the kernel's contraction (K)", local(w_shape[0], axes.w_k)),
+    ("the kernel's last output dim", local(w_shape[-1], axes.w_out[-1])),
+    ("y's last output dim", local(w_shape[-1], axes.y_out[-1])),
+  ]
+  if recipe.quantized_backward:
+    checks.append(("the tokens of a wgrad operand", tokens))
+  for what, n in checks:
+    if n % block:
+      raise PartitionError(
+        f"partitioned {recipe.name} GEMM: a shard holds {n} of {what}, not a multiple of the {block}-element "
+        f"scaling blocks (x {tuple(x_shape)}, w {tuple(w_shape)} on mesh {dict(mesh.shape)}); every block must lie "
+        "within one shard: use fewer shards on that axis or keep that GEMM in bf16"
+      )
+
+
 def _per_shard_kernels(kernels):
   """The quantizers each device runs on its shard: `auto` picks the Pallas kernels wherever they run (they quantize
   the shard they are given, so the device count no longer matters)."""
@@ -438,6 +469,7 @@ def qdense(x, w, recipe: Recipe, backend, *, key, kernels, axes: GemmAxes, mesh=
   _check_divisible("x", x.shape, (*axes.rows, axes.x_k), mesh)
   _check_divisible("w", w.shape, (axes.w_k, *axes.w_out), mesh)
   _check_divisible("y", (*x.shape[:-1], *w.shape[1:]), (*axes.rows, *axes.y_out), mesh)
+  _check_blocks(recipe, axes, mesh, x.shape, w.shape)
   if recipe.needs_rng:
     check_key(key)
   static = _Static(

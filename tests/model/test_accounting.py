@@ -1,5 +1,7 @@
 """Parameter counts, the training FLOPs formula and the memory estimate, against hand-computed values."""
 
+import pytest
+
 from MaxText.model import accounting
 from MaxText.model.decoder import abstract_model
 from MaxText import config
@@ -84,8 +86,26 @@ def test_memory_estimate_counts_the_amax_histories_the_model_allocates():
     assert accounting.amax_history_bytes(cfg) == 2 * allocated
     mem = accounting.memory_per_device(cfg, 1, 8)
     assert mem.amax_history == 2 * allocated
-    assert mem.total_gib * accounting.GIB == mem.params + mem.grads + mem.optimizer + mem.activations + 2 * allocated
+    parts = mem.params + mem.grads + mem.optimizer + mem.activations + mem.gathered
+    assert mem.gathered == 0 and mem.total_gib * accounting.GIB == parts + 2 * allocated
   assert accounting.amax_history_bytes(_cfg("llama3_tiny.yml", "quantization=te_nvfp4")) == 0
   # 405B with a 2^20-step history: 126 layers x 7 x 3 x 2^20 x 4 B, twice = 20.7 GiB that the preflight must see.
   big = _cfg("llama3.1_405b.yml", "quantization=te_fp8_delayedscaling", f"amax_history_len={2**20}")
   assert accounting.amax_history_bytes(big) / accounting.GIB == 2 * 126 * 7 * 3 * 4 / 1024
+
+
+def test_fsdp_holds_two_layers_of_gathered_weights():
+  """Where parameters are split over fsdp, the step holds two layers' weights all-gathered in the compute dtype (the
+  one computing and the next, prefetched); tensor parallelism splits them, no fsdp gathers nothing."""
+  cfg = _cfg("llama3.1_405b.yml", "per_device_batch_size=1", "max_target_length=8192")
+  d, f = 16384, 53248
+  layer = d * 128 * 128 * 2 + d * 8 * 128 * 2 + 3 * d * f + 2 * d
+  assert accounting.layer_param_count(cfg) == layer
+  assert (accounting.param_count(cfg) - 2 * 128256 * d - d) == 126 * layer
+  assert accounting.gathered_weight_bytes(cfg, {"fsdp": 128}) == 2 * layer * 2  # 12.7 GB of bf16
+  assert accounting.gathered_weight_bytes(cfg, {"fsdp": 32, "tensor": 4}) == 2 * layer * 2 / 4
+  assert accounting.gathered_weight_bytes(cfg, {"data": 8, "tensor": 4}) == 0
+  mem = accounting.memory_per_device(cfg, {"fsdp": 128}, 128)
+  assert mem.total_gib * accounting.GIB == pytest.approx(
+    mem.params + mem.grads + mem.optimizer + mem.activations + 2 * layer * 2
+  )

@@ -65,6 +65,21 @@ def test_refused_splits_say_what_to_change():
   assert partition._minor_suffix((), ("fsdp", "context"), "x") == ("fsdp", "context")
 
 
+def test_a_block_split_over_shards_is_refused():
+  from MaxText.quantization import get_recipe  # pylint: disable=import-outside-toplevel
+
+  mesh = jax.sharding.AbstractMesh((1, 4, 2, 2), ("data", "fsdp", "context", "tensor"))
+  axes = partition.GemmAxes(
+    rows=(("data", "fsdp"), ("context",)), x_k=("tensor",), w_k=("tensor",), w_out=(("fsdp", "context"),), y_out=((),)
+  )
+  partition._check_blocks(get_recipe("te_nvfp4"), axes, mesh, (8, 64, 128), (128, 256))  # 32 tokens, K 64, N 32
+  with pytest.raises(partition.PartitionError, match="a shard holds 16 of the kernel's last output dim, not a mult"):
+    partition._check_blocks(get_recipe("mxfp4"), axes, mesh, (8, 128, 128), (128, 128))
+  with pytest.raises(partition.PartitionError, match="holds 8 of the tokens of a wgrad operand"):
+    partition._check_blocks(get_recipe("te_nvfp4"), axes, mesh, (8, 16, 128), (128, 256))
+  partition._check_blocks(get_recipe("te_fp8_currentscaling"), axes, mesh, (8, 16, 128), (128, 8))  # no blocks
+
+
 SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
@@ -81,11 +96,11 @@ CASES = {  # mesh (data, fsdp, context, tensor), GEMM axes, kernel output dims
   "data2_fsdp4": ((2, 4, 1, 1), GemmAxes(**COLUMN, w_out=(("tensor",),), y_out=(("tensor",),)), (64,)),
   "fsdp4_tensor2": ((1, 4, 1, 2), GemmAxes(**COLUMN, w_out=(("tensor",),), y_out=(("tensor",),)), (64,)),
   "fsdp2_context2_tensor2": ((1, 2, 2, 2), GemmAxes(**COLUMN, w_out=(("tensor",),), y_out=(("tensor",),)), (64,)),
-  "row_fsdp4_tensor2": ((1, 4, 1, 2), GemmAxes(**ROW, w_out=(("fsdp", "context"),), y_out=((),)), (64,)),
-  "fused_fsdp4_tensor2": ((1, 4, 1, 2), GemmAxes(**COLUMN, w_out=((), ("tensor",)), y_out=((), ("tensor",))), (2, 32)),
+  "row_fsdp4_tensor2": ((1, 4, 1, 2), GemmAxes(**ROW, w_out=(("fsdp", "context"),), y_out=((),)), (128,)),
+  "fused_fsdp4_tensor2": ((1, 4, 1, 2), GemmAxes(**COLUMN, w_out=((), ("tensor",)), y_out=((), ("tensor",))), (2, 64)),
 }
 recipes, cases = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-x = jax.random.normal(jax.random.key(0), (8, 32, 128), jnp.float32)
+x = jax.random.normal(jax.random.key(0), (8, 64, 128), jnp.float32)
 key = jax.random.key(5)
 out = {}
 for name in recipes:
@@ -93,7 +108,7 @@ for name in recipes:
   for case in cases:
     shape, axes, out_dims = CASES[case]
     w = jax.random.normal(jax.random.key(1), (128, *out_dims), jnp.float32) * 0.05
-    dy = jax.random.normal(jax.random.key(2), (8, 32, *out_dims), jnp.float32)
+    dy = jax.random.normal(jax.random.key(2), (8, 64, *out_dims), jnp.float32)
 
     def run(x, w, dy, part):
       f = lambda x, w: qdense(x, w, recipe, key=key, backend=backends.Choice.EMULATE, partition=part)

@@ -73,7 +73,7 @@ class XlaBackend(OperandBackend):
 
   def quantize(self, x, recipe: Recipe, role: str, key=None, *, kernels, transpose=False, amax_axes=(), draws=None):
     del kernels  # always our XLA-path quantizers: the kernels write the emulated GEMM's folded operands
-    return quantize_for_gemm(x.T if transpose else x, recipe, role, key, tuple(amax_axes), draws)
+    return quantize_for_gemm(x.T if transpose else x, recipe, role, key, amax_axes=tuple(amax_axes), draws=draws)
 
   def gemm(self, a, b_t, recipe: Recipe):
     return gemm(a, b_t, recipe)
