@@ -241,11 +241,13 @@ def _forward_local(static: _Static, x_l, w_l, key):
   if axes.x_k and _sizes(mesh, axes.x_k) > 1:
     y_MxN = jax.lax.psum(y_MxN, axes.x_k)  # a row GEMM's partial sums (f32, as the BF16 step reduces them)
   y = y_MxN.astype(x_l.dtype).reshape(*rows_l, *out_y)
+  # Kept for the backward: the gathered weight (its dgrad operand where the transpose has the same numbers, as the
+  # BF16 step keeps its gathered weight: a remat policy that doesn't save it gathers it once more, not twice).
   if recipe.backward_override == "dequantized":
-    return y, (x_op, w_op)
+    return y, (x_op, w_full)
   kept = (
     x_op.T if recipe.quantized_backward and recipe.shares_transpose("x") else None,
-    w_op.T if recipe.quantized_backward and recipe.shares_transpose("w") else None,
+    w_full.T if recipe.quantized_backward and recipe.shares_transpose("w") else None,
   )
   return y, kept
 
@@ -288,9 +290,8 @@ def _backward_local(static: _Static, x_l, w_l, key, kept, dy_l):
   k_dgrad, k_wgrad = split_grad_keys(key)
   dy_dims = ((rows_l, axes.rows), (out_y, axes.y_out))
   if recipe.backward_override == "dequantized":
-    x_op, w_op = kept
-    x_q = backend.dequantize(x_op, recipe, dtype)
-    w_q = backend.dequantize(_gather_operand(w_op, gather_out, out_w, gather_k, mesh), recipe, dtype)
+    x_op, w_full = kept
+    x_q, w_q = backend.dequantize(x_op, recipe, dtype), backend.dequantize(w_full, recipe, dtype)
     dx, dw = _dots_in_compute_dtype(x_q, w_q, dy_MxN)
   elif recipe.backward_override == "high_precision":
     w_NxK = _gather(w_l.reshape(w_l.shape[0], *out_w), (gather_k, *gather_out), mesh).reshape(-1, math.prod(out_y))
@@ -299,8 +300,10 @@ def _backward_local(static: _Static, x_l, w_l, key, kept, dy_l):
     x_t_kept, w_t_kept = kept
     dy_op = _quantize(static, dy_MxN, "dy", "dy", key=k_dgrad, draw_dims=dy_dims)
     w_KxN = w_l.reshape(w_l.shape[0], -1)
-    w_t_op = w_t_kept if w_t_kept is not None else _quantize(static, w_KxN, "w_t", "w")  # [K, N]
-    w_t_full = _gather_t(w_t_op, gather_k, gather_out, out_w, mesh)
+    if w_t_kept is not None:  # the forward's gathered weight, transposed
+      w_t_full = w_t_kept
+    else:
+      w_t_full = _gather_t(_quantize(static, w_KxN, "w_t", "w"), gather_k, gather_out, out_w, mesh)  # [K, N]
     dx = backend.gemm(dy_op, w_t_full, recipe).astype(dtype)
     x_t_op = x_t_kept if x_t_kept is not None else _quantize(static, x_MxK, "x_t", "x", transpose=True)
     if recipe.shares_transpose("dy"):
