@@ -13,19 +13,20 @@ _KEY = re.compile(r'^\s*"(\w+)": Key\(')
 
 
 def sections():
-  """[(section title, [key names])] in the schema's order, from its `# -- title` comments; a key the source scan
-  misses (an unusual spelling) lands in a last 'other' section, so none is ever left out."""
-  out, seen = [], set()
+  """[(section title, [key names])] in SCHEMA's order, from its `# -- title` comments: a key the source scan doesn't
+  see by name (one made by a comprehension, such as the mesh keys) joins the section of the key before it."""
+  titles, section_of = [], {}
   for line in SCHEMA_PY.read_text(encoding="utf-8").splitlines():
     if m := _SECTION.match(line):
-      out.append((m.group(1), []))
-    elif (m := _KEY.match(line)) and m.group(1) in schema.SCHEMA and out:
-      out[-1][1].append(m.group(1))
-      seen.add(m.group(1))
-  missed = [k for k in schema.SCHEMA if k not in seen]
-  if missed:
-    out.append(("other", missed))
-  return [(title, keys) for title, keys in out if keys]
+      titles.append(m.group(1))
+    elif (m := _KEY.match(line)) and titles:
+      section_of[m.group(1)] = titles[-1]
+  keys_of = {t: [] for t in titles or ["keys"]}
+  current = next(iter(keys_of))
+  for name in schema.SCHEMA:
+    current = section_of.get(name, current)
+    keys_of[current].append(name)
+  return [(title, keys) for title, keys in keys_of.items() if keys]
 
 
 def _code(text):
@@ -81,6 +82,15 @@ def doc_text(key):
   return doc
 
 
+def _split_title(title):
+  """A schema section comment as (heading, the rest as a sentence): 'decode (python -m ...)' -> ('Decode',
+  '(python -m ...)'); 'x that do nothing here: accepted, ...' -> ('X that do nothing here', 'Accepted, ...')."""
+  cut = min((i for i in (title.find(" ("), title.find(": ")) if i > 0), default=len(title))
+  heading, rest = title[:cut], title[cut:].lstrip(": ").strip()
+  rest = rest[0].upper() + rest[1:] if rest and rest[0] != "(" else rest
+  return heading[0].upper() + heading[1:], rest
+
+
 def markdown():
   """The whole reference: a table per schema section."""
   lines = [
@@ -91,12 +101,9 @@ def markdown():
     "",
   ]
   for title, keys in sections():
-    lines += [
-      f"## {title[0].upper()}{title[1:]}",
-      "",
-      "| key | type | default | values | doc |",
-      "|---|---|---|---|---|",
-    ]
+    heading, note = _split_title(title)
+    lines += [f"## {heading}", ""] + ([note, ""] if note else [])
+    lines += ["| key | type | default | values | doc |", "|---|---|---|---|---|"]
     for name in keys:
       key = schema.SCHEMA[name]
       row = [_code(name), key.type.__name__, default_text(key), values_text(name, key), doc_text(key)]

@@ -39,6 +39,8 @@ def test_a_missing_row_is_found():
 def test_sections_follow_the_schema_comments():
   titles = [t for t, _ in keyref.sections()]
   assert titles[:4] == ["run", "batch", "optimizer", "precision"]
+  assert keyref._split_title("decode (python -m MaxText.decode)") == ("Decode", "(python -m MaxText.decode)")
+  assert keyref._split_title("keys that do nothing: accepted") == ("Keys that do nothing", "Accepted")
   placed = [k for _, keys in keyref.sections() for k in keys]
   assert sorted(placed) == sorted(schema.SCHEMA)
   assert dict(keyref.sections())["optimizer"][0] == "learning_rate"
