@@ -18,9 +18,10 @@ copyright = "the maxtext-nvfp4 developers"  # noqa: A001 (Sphinx's name)
 
 extensions = ["myst_parser", "maxtext_docs"]
 source_suffix = {".md": "markdown"}
-exclude_patterns = ["_build", "_generated/**", "_ext", "images", "README.md"]
+exclude_patterns = ["_build", "_generated/**", "_ext", "images"]
 root_doc = "index"
 nitpicky = True
+smartquotes = False  # '' is an empty value in these pages, never a closing quote
 
 myst_heading_anchors = 4  # "[...](page.md#a-heading)" links are checked against the headings
 myst_enable_extensions = ["colon_fence", "deflist"]
