@@ -330,3 +330,12 @@ def test_sigterm_ends_a_trainer_on_data_that_makes_no_sequence(tmp_path):
   assert proc.returncode in (2, -signal.SIGTERM), err
   if proc.returncode == 2:
     assert err.strip().splitlines()[-1].startswith("error: grain_train_files: none of the 30 documents"), err
+
+
+@pytest.mark.parametrize("add_bos, bos_seen", [("auto", True), ("false", False)])
+def test_add_bos_decides_how_documents_start(corpus, add_bos, bos_seen):
+  cfg = _cfg(corpus, f"add_bos={add_bos}")
+  batches = _batches(data.make_iterator(cfg, config.RunShape.of(cfg, 1)), 4)
+  inputs = np.concatenate([b.inputs[b.segment_ids > 0] for b in batches])
+  targets = np.concatenate([b.targets[b.weights > 0] for b in batches])
+  assert bool((inputs == 256).any()) is bos_seen and (targets == 257).any()  # the byte tokenizer's BOS, EOS
