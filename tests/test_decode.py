@@ -1,5 +1,6 @@
 """python -m MaxText.decode: prompts from a file in batches, MaxText's output lines, the JSONL records (prompt encoded
-with one BOS, transformers' greedy continuation), and one-line errors for bad keys or prompts."""
+with one BOS, transformers' greedy continuation; without BOS for a checkpoint whose tokenizer adds none), and
+one-line errors for bad keys or prompts."""
 
 import json
 import subprocess

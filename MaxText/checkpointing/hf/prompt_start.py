@@ -1,5 +1,6 @@
 """How a Hugging Face checkpoint's tokenizer starts a prompt (BOS or not), read from its files in the order
-transformers 5 reads them; the importer records it in config.yml as add_bos.
+transformers 5 reads them; the importer records it in config.yml as add_bos, and an export's tokenizer.json is
+made to start prompts as the model was trained where transformers would read the copied files otherwise.
 
 transformers (>= 5; AutoTokenizer.from_pretrained, TokenizersBackend):
 1. beside a tokenizer.json, tokenizer_config.json's add_bos_token / add_eos_token are dropped unread;
@@ -52,3 +53,29 @@ def read(hf_dir):
       f"transformers 5 (transformers 4's Llama/Gemma tokenizer classes followed it: add_bos={str(stated).lower()})"
     )
   return value, why
+
+
+def match_in_export(out_dir, start_ids, log=print):
+  """Makes transformers start a prompt of the export OUT_DIR with `start_ids` (what the model was trained and
+  decoded with): where its reading of the copied tokenizer files differs, tokenizer.json gets the post-processor
+  transformers itself builds for that (a TemplateProcessing "[BOS] $A", or "$A"). True if it rewrote the file."""
+  import tokenizers as hf_tokenizers  # pylint: disable=import-outside-toplevel
+
+  from MaxText.data import tokenizers  # pylint: disable=import-outside-toplevel
+
+  path = pathlib.Path(out_dir) / "tokenizer.json"
+  theirs = tokenizers.load("huggingface", str(path), add_bos=read(out_dir)[0])
+  if tuple(theirs.start_ids) == tuple(start_ids):
+    return False
+  tok = hf_tokenizers.Tokenizer.from_file(str(path))
+  names = [tok.id_to_token(i) for i in start_ids]
+  single = " ".join([f"{n}:0" for n in names] + ["$A:0"])  # transformers' update_post_processor's template
+  tok.post_processor = hf_tokenizers.processors.TemplateProcessing(
+    single=single,
+    pair=" ".join([single] + [f"{n}:1" for n in names] + ["$B:1"]),
+    special_tokens=sorted(set(zip(names, start_ids))),
+  )
+  tok.save(str(path))
+  said = " ".join(names) or "no BOS"
+  log(f"tokenizer.json: a post-processor that starts a prompt with {said}, as the model was trained (add_bos)")
+  return True

@@ -1,15 +1,17 @@
 """How an imported checkpoint's tokenizer starts a prompt, against transformers' own reading of the same files: the
 five tokenizer variants of tests/data/hf_bos (a BOS post-processor, none, add_bos_token false beside a BOS
 post-processor, add_bos_token true without one, a ByteLevel one) and the ids transformers 5.24 encoded every prompt
-to (reference.json, written by scripts/make_bos_cases.py); the import's config.yml records it."""
+to (reference.json, written by scripts/make_bos_cases.py); the import's config.yml records it, and an export's
+tokenizer.json starts prompts as the model was trained."""
 
 import json
+import shutil
 
 import pytest
 import yaml
 
 from MaxText import config
-from MaxText.checkpointing.hf import importer, prompt_start
+from MaxText.checkpointing.hf import exporter, importer, prompt_start
 from MaxText.data import tokenizers
 from scripts import make_bos_cases
 from tests.conftest import REPO
@@ -77,3 +79,30 @@ def test_import_records_add_bos_in_config_yml(tmp_path, name, add_bos):
   assert (
     tokenizers.load(cfg.tokenizer_type, cfg.tokenizer_path, cfg.vocab_size, cfg.add_bos).encode_prompt("ROMEO.") == ids
   )
+
+
+def _export(hf_tiny_import, tmp_path, *overrides):
+  cfg = config.load(hf_tiny_import / "config.yml", list(overrides))
+  lines = []
+  exporter.export(cfg, cfg.load_parameters_path, tmp_path / "out", log=lines.append)
+  value, _ = prompt_start.read(tmp_path / "out")
+  tok = tokenizers.load("huggingface", str(tmp_path / "out" / "tokenizer.json"), add_bos=value)
+  return value, tok, lines
+
+
+def test_an_export_starts_prompts_as_its_model_was_trained(hf_tiny_import, tmp_path):
+  """A tokenizer.json without post-processor that trained with BOS (add_bos=auto: prepare_data.py's convention)
+  gets BOS in its export's post-processor, the template transformers reads in the post_processor_bos case."""
+  (tmp_path / "tok").mkdir()
+  shutil.copyfile(HF_BOS / "no_post_processor" / "tokenizer.json", tmp_path / "tok" / "tokenizer.json")
+  value, tok, lines = _export(hf_tiny_import, tmp_path, f"tokenizer_path={tmp_path / 'tok' / 'tokenizer.json'}")
+  reference = REFERENCE["cases"]["post_processor_bos"]["prompt_ids"]
+  assert value == "true" and all(tok.encode_prompt(p) == ids for p, ids in reference.items())
+  assert any("starts a prompt with <|begin_of_text|>" in line for line in lines), lines
+
+
+def test_an_export_with_add_bos_false_starts_prompts_without_bos(hf_tiny_import, tmp_path):
+  value, tok, lines = _export(hf_tiny_import, tmp_path, "add_bos=false")
+  reference = REFERENCE["cases"]["no_post_processor"]["prompt_ids"]
+  assert value == "false" and all(tok.encode_prompt(p) == ids for p, ids in reference.items())
+  assert any("starts a prompt with no BOS" in line for line in lines), lines
