@@ -93,6 +93,13 @@ def test_pretokenized_records_and_bad_token_ids(tmp_path):
   cfg = _cfg(out, "grain_record_format=token_ids")
   inputs = np.stack([b.inputs for b in _batches(data.make_iterator(cfg, config.RunShape.of(cfg, 1)), 6)])
   assert inputs.max() <= 257 and (inputs == 256).any()  # every document starts with BOS
+  assert json.loads((out / "metadata.json").read_text())["starts_with_bos"] is True
+  no_bos = make_corpus(tmp_path / "no_bos", "--pretokenize", "--add-bos", "false")
+  cfg = _cfg(no_bos, "grain_record_format=token_ids")
+  batches = _batches(data.make_iterator(cfg, config.RunShape.of(cfg, 1)), 6)
+  assert not any((b.inputs == 256).any() for b in batches)
+  assert any((b.targets == 257).any() for b in batches)  # EOS still ends every document
+  assert json.loads((no_bos / "metadata.json").read_text())["starts_with_bos"] is False
   small = _cfg(out, "grain_record_format=token_ids", "vocab_size=200")
   with pytest.raises(data.DataError, match=r"token id 25[67] is outside \[0, vocab_size=200\)"):
     next(data.make_iterator(small, config.RunShape.of(small, 1)))
