@@ -117,7 +117,7 @@ def decode(cfg, log=print):
   """The JSONL records of every prompt's completion (MaxText's `Input ... -> ...` lines printed as they come)."""
   check_decode_keys(cfg)
   prompts = read_prompts(cfg)
-  tokenizer = data.tokenizers.load(cfg.tokenizer_type, cfg.tokenizer_path, cfg.vocab_size)
+  tokenizer = data.tokenizers.load(cfg.tokenizer_type, cfg.tokenizer_path, cfg.vocab_size, cfg.add_bos)
   prompt_ids = encode_prompts(cfg, tokenizer, prompts)
   plan = _decode_plan(cfg)
   distributed.initialize(cfg)

@@ -21,7 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from MaxText.checkpointing import checkpointer
-from MaxText.checkpointing.hf import HFError, model_config, names
+from MaxText.checkpointing.hf import HFError, model_config, names, prompt_start
 from MaxText.checkpointing.hf.checkpoint import INDEX, write_index
 from MaxText.checkpointing.hf.output_dir import staged
 from MaxText.checkpointing.hf.safetensors_file import SafetensorsWriter
@@ -188,12 +188,13 @@ def write_model_files(out_dir, cfg, dtype_name, *, extra_config=None, log=print)
   if source is not None:
     from MaxText.data import tokenizers  # pylint: disable=import-outside-toplevel  (tokenizers is optional)
 
-    tok = tokenizers.load("huggingface", cfg.tokenizer_path)
+    tok = tokenizers.load("huggingface", cfg.tokenizer_path, add_bos=cfg.add_bos)
     bos, eos = tok.bos_id, tok.eos_id
     shutil.copyfile(cfg.tokenizer_path, out_dir / "tokenizer.json")
     for name in TOKENIZER_FILES:
       if (source / name).is_file():
         shutil.copyfile(source / name, out_dir / name)
+    prompt_start.match_in_export(out_dir, tok.start_ids, log)
   else:
     log(
       f"note: tokenizer_type={cfg.tokenizer_type} is no Hugging Face tokenizer.json: the export has no tokenizer; "
