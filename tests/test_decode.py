@@ -1,15 +1,19 @@
 """python -m MaxText.decode: prompts from a file in batches, MaxText's output lines, the JSONL records (prompt encoded
-with one BOS, transformers' greedy continuation; without BOS for a checkpoint whose tokenizer adds none), and
-one-line errors for bad keys or prompts."""
+with one BOS, transformers' greedy continuation; without BOS for a checkpoint whose tokenizer adds none), one-line
+errors for bad keys or prompts, and checkpoints read as the trainer reads them (another model's, a damaged or
+unfinished one: one line; a run's damaged newest: skipped)."""
 
+import fnmatch
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from MaxText import decode
-from tests.conftest import REPO, cpu_subprocess_env
+from MaxText.checkpointing.hf import importer
+from tests.conftest import HF_TINY, REPO, cpu_subprocess_env
 from tests.checkpointing.hf import tiny
 
 
@@ -84,6 +88,7 @@ def test_an_import_whose_tokenizer_adds_no_bos_decodes_as_transformers_does(tmp_
     (["decode_sampling_strategy=nucleus"], "decode_sampling_nucleus_p in (0, 1]"),
     (["decode_sampling_strategy=topk"], "decode_sampling_top_k in [1, vocab_size=384]"),
     (["prompts_file=/nonexistent/prompts.txt"], "no such file"),
+    (["prompts_file=/"], "prompts_file=/: can't read it (Is a directory); give a text file, one prompt per line"),
     (["load_parameters_path=", "run_name=never_ran"], "nothing to decode"),
     (["decode_sampling_strategy=beam"], "is not one of: greedy, weighted, topk, nucleus"),
   ],
@@ -92,3 +97,86 @@ def test_bad_decode_settings_are_one_line_errors(hf_tiny_import, capsys, args, m
   assert decode.main([str(hf_tiny_import / "config.yml"), "prompt=ROMEO.", *args]) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+
+
+def _run_of_import(hf_tiny_import, where, steps):
+  """A run directory whose checkpoints `steps` are copies of the import's parameter checkpoint."""
+  for step in steps:
+    shutil.copytree(hf_tiny_import / "checkpoints" / "0", where / "checkpoints" / str(step))
+  return where / "checkpoints"
+
+
+def _truncate_chunks(step_dir):
+  for f in (step_dir / "state").rglob("*"):
+    if f.is_file() and not f.name.startswith((".", "_")):
+      f.write_bytes(f.read_bytes()[:10])
+
+
+def test_another_models_checkpoint_is_one_line_and_nothing_after_it(hf_tiny_import, tmp_path):
+  """Orbax's leftover callbacks of the failed read ("Event loop is closed" tracebacks at exit) go to a log."""
+  importer.import_checkpoint(HF_TINY, tmp_path / "fused", fused_mlp=True, log=lambda *_: None)
+  result = _decode(
+    hf_tiny_import / "config.yml", "prompt=ROMEO.", f"load_parameters_path={tmp_path}/fused/checkpoints/0"
+  )
+  assert result.returncode == 2 and result.stderr == (
+    f"error: checkpoint {tmp_path}/fused/checkpoints/0 can't start this config: its MLP was trained with "
+    "fused_mlp=true (gate and up as one kernel) and this config has fused_mlp=false\n"
+  )
+
+
+def _unfinished(ckpts):
+  (ckpts / "2").rename(ckpts / "3.orbax-checkpoint-tmp-1732512345")
+  return ckpts / "3.orbax-checkpoint-tmp-1732512345"
+
+
+def _junk(ckpts):
+  (ckpts / "9" / "state").mkdir(parents=True)
+  return ckpts / "9"
+
+
+def _damaged(ckpts):
+  _truncate_chunks(ckpts / "2")
+  return ckpts / "2"
+
+
+@pytest.mark.parametrize(
+  "make, message",
+  [
+    (
+      _damaged,  # the first array read to fail names its file; which one comes first varies
+      'error: checkpoint {c}/2 is unreadable (FAILED_PRECONDITION: Error reading local file "{c}/2/state/params.'
+      "*: Not enough data: expected at least * more; at byte 10): it is damaged or incomplete; point at another "
+      "step of its run: {c}/1",
+    ),
+    (
+      _unfinished,
+      "error: {c}/3.orbax-checkpoint-tmp-1732512345 is a checkpoint Orbax had not finished writing (a save that was "
+      "interrupted or failed; the next training run removes it); point at another step of its run: {c}/1",
+    ),
+    (
+      _junk,
+      "error: checkpoint {c}/9 is unreadable (its state directory is empty): it is damaged or incomplete; point at "
+      "another step of its run: {c}/2 (or 1)",
+    ),
+  ],
+)
+def test_a_checkpoint_that_cant_be_read_is_named_with_the_way_on(hf_tiny_import, tmp_path, capsys, make, message):
+  ckpts = _run_of_import(hf_tiny_import, tmp_path / "run", (1, 2))
+  step_dir = make(ckpts)
+  assert decode.main([str(hf_tiny_import / "config.yml"), "prompt=ROMEO.", f"load_parameters_path={step_dir}"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and fnmatch.fnmatchcase(err, message.format(c=ckpts) + "\n"), err
+
+
+def test_a_runs_damaged_newest_checkpoint_is_skipped_as_the_trainer_skips_it(hf_tiny_import, tmp_path, capsys):
+  ckpts = _run_of_import(hf_tiny_import, tmp_path / "run", (1, 2))
+  _damaged(ckpts)
+  argv = [str(hf_tiny_import / "config.yml"), "prompt=ROMEO.", "max_prefill_predict_length=16", "max_target_length=24"]
+  argv += ["load_parameters_path=", "run_name=run", f"base_output_directory={tmp_path}"]
+  assert decode.main(argv) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith(f"warning: checkpoint {ckpts}/2 is unreadable (FAILED_PRECONDITION: ") and out[0].endswith(
+    "; trying the previous one"
+  )
+  assert out[1].startswith(f"decoding 1 prompt(s) with the parameters of {ckpts}/1, ")
+  assert sorted(p.name for p in ckpts.iterdir()) == ["1", "2"]  # a command that reads moves nothing

@@ -51,17 +51,21 @@ def write_params(hf, cfg, state_dir, log=print):
     arrays[entry.param] = (shape, dtypes[entry.param], names.rows_axis(entry, len(shape)), unit_axes)
   writer = ParamCheckpointWriter(state_dir, arrays)
   done = 0
-  for name, (entry, layer) in names.hf_names(cfg).items():
-    shape, dtype, axis, _ = arrays[entry.param]
-    rows = names.hf_shape(cfg, entry)[0]
-    step = writer.block_rows(entry.param, axis)
-    for start in range(0, rows, step):
-      stop = min(start + step, rows)
-      block = names.to_param_layout(entry, hf.read(name, (slice(start, stop),)))  # a transposed view: no copy
-      block = block if block.dtype == dtype else block.astype(dtype)
-      writer.write(entry.param, names.param_index(entry, slice(start, stop), layer, len(shape)), block)
-    done += hf.info(name).nbytes
-  writer.finish()
+  try:
+    for name, (entry, layer) in names.hf_names(cfg).items():
+      shape, dtype, axis, _ = arrays[entry.param]
+      rows = names.hf_shape(cfg, entry)[0]
+      step = writer.block_rows(entry.param, axis)
+      for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        block = names.to_param_layout(entry, hf.read(name, (slice(start, stop),)))  # a transposed view: no copy
+        block = block if block.dtype == dtype else block.astype(dtype)
+        writer.write(entry.param, names.param_index(entry, slice(start, stop), layer, len(shape)), block)
+      done += hf.info(name).nbytes
+    writer.finish()
+  except BaseException:
+    writer.abort()  # before the partial output is removed
+    raise
   log(f"wrote {len(names.hf_names(cfg))} tensors ({done / 1e6:,.1f} MB) into {len(arrays)} parameter arrays")
   return done
 
@@ -114,7 +118,7 @@ def import_checkpoint(hf_dir, out_dir, *, direct=False, fused_mlp=False, log=pri
     else:
       add_bos = prompt_start.read(hf_dir)
       log(f"add_bos: {add_bos[0]} ({add_bos[1]})")
-    with staged(out_dir) as tmp:
+    with staged(out_dir, log) as tmp:
       companions = out_dir / COMPANIONS if not direct else hf_dir
       if not direct:
         write_params(hf, cfg, tmp / CHECKPOINT / "state", log)
