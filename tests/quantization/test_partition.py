@@ -81,7 +81,7 @@ def test_a_block_split_over_shards_is_refused():
 
 
 SCRIPT = r"""
-import json, sys
+import json, re, sys
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from MaxText.quantization import backends, get_recipe, partition, qdense
@@ -99,7 +99,7 @@ CASES = {  # mesh (data, fsdp, context, tensor), GEMM axes, kernel output dims
   "row_fsdp4_tensor2": ((1, 4, 1, 2), GemmAxes(**ROW, w_out=(("fsdp", "context"),), y_out=((),)), (128,)),
   "fused_fsdp4_tensor2": ((1, 4, 1, 2), GemmAxes(**COLUMN, w_out=((), ("tensor",)), y_out=((), ("tensor",))), (2, 64)),
 }
-recipes, cases = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+recipes, cases, extras = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 x = jax.random.normal(jax.random.key(0), (8, 64, 128), jnp.float32)
 key = jax.random.key(5)
 out = {}
@@ -149,13 +149,47 @@ for name in recipes:
       got = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P("fsdp", "tensor"), out_specs=P("fsdp", "tensor"),
                                   check_vma=False))(a)
     out[f"shard/{name}/{role}"] = bool(np.array_equal(np.asarray(whole.values), np.asarray(got)))
+
+if "interpret" in extras:  # the Pallas kernels (interpret mode) on each shard: the XLA quantizers' bits
+  shape, axes, out_dims = CASES["fsdp4_tensor2"]
+  w = jax.random.normal(jax.random.key(1), (128, *out_dims), jnp.float32) * 0.05
+  dy = jax.random.normal(jax.random.key(2), (8, 64, *out_dims), jnp.float32)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(shape), AXES)
+  runs = {}
+  for kernels in (Kernels.XLA, Kernels.INTERPRET):
+    f = lambda x, w, _k=kernels: qdense(x, w, get_recipe("te_nvfp4"), key=key, backend=backends.Choice.EMULATE,
+                                        kernels=_k, partition=axes)
+    with jax.set_mesh(mesh):
+      y, vjp = jax.vjp(jax.jit(f), x, w)
+      runs[kernels] = [np.asarray(a) for a in (y, *vjp(dy))]
+  out["interpret"] = [bool(np.array_equal(a, b)) for a, b in zip(runs[Kernels.XLA], runs[Kernels.INTERPRET])]
+
+if "export_xla" in extras:  # the xla backend lowered for CUDA: block-scaled dots, FP4 + E4M3 gathered
+  from MaxText.quantization.backends import xla as xla_backend
+  real = xla_backend.unavailable_reason
+  xla_backend.unavailable_reason = lambda recipe, platform=None: real(recipe, "gpu")
+  shape, axes, out_dims = CASES["fsdp4_tensor2"]
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(shape), AXES)
+  args = [jax.ShapeDtypeStruct(s, d, sharding=NamedSharding(mesh, spec)) for s, d, spec in
+          (((8, 64, 128), jnp.bfloat16, axes.x_spec), ((128, *out_dims), jnp.float32, axes.w_spec))]
+  loss = lambda x, w: jnp.sum(qdense(x, w, get_recipe("te_nvfp4"), key=key, backend=backends.Choice.XLA,
+                                     partition=axes).astype(jnp.float32) ** 2)
+  with jax.set_mesh(mesh):
+    exported = jax.export.export(
+      jax.jit(jax.grad(loss, argnums=(0, 1))), platforms=["cuda"],
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__op$block_scaled_dot")])(*args)
+  text = exported.mlir_module()
+  gathered = re.findall(r'"stablehlo\.all_gather".*: \(tensor<[\dx]*x(\w+)>\)', text)
+  from tests.quantization.backends.test_xla import _block_scaled_dots
+  out["export_xla"] = dict(gathered=gathered, block_scaled_dots=len(_block_scaled_dots(text)),
+                           reduce_scatters=text.count('"stablehlo.reduce_scatter"'))
 print("RESULT" + json.dumps(out))
 """
 
 
-def _run(recipes, cases):
+def _run(recipes, cases, extras=()):
   proc = subprocess.run(
-    [sys.executable, "-c", SCRIPT, json.dumps(recipes), json.dumps(cases)],
+    [sys.executable, "-c", SCRIPT, json.dumps(recipes), json.dumps(cases), json.dumps(list(extras))],
     cwd=REPO,
     env=cpu_subprocess_env(8),
     capture_output=True,
@@ -174,7 +208,15 @@ def test_partitioned_gemm_equals_one_device():
   out = _run(
     ["te_nvfp4"],
     ["fsdp8", "data2_fsdp4", "fsdp4_tensor2", "fsdp2_context2_tensor2", "row_fsdp4_tensor2", "fused_fsdp4_tensor2"],
+    ["interpret", "export_xla"],
   )
+  # The Pallas kernels quantize each shard (the SR gradients with the XLA quantizers): the same outputs, bit for bit.
+  assert out.pop("interpret") == [True, True, True]
+  # The xla backend: fprop, dgrad and wgrad block-scaled; the weight all-gathered as E2M1 values and E4M3 scales (what
+  # XLA reads, 4.5 bits per weight against BF16's 16); one reduce-scatter, the wgrad.
+  exported = out.pop("export_xla")
+  assert exported["block_scaled_dots"] == 3 and exported["reduce_scatters"] == 1
+  assert sorted(exported["gathered"]) == ["f4E2M1FN", "f8E4M3FN"], exported
   for label, value in out.items():
     if label.startswith("shard/"):
       assert value, label

@@ -60,6 +60,25 @@ def test_param_specs_and_block_checks():
     sharding.check_quantization_blocks(_cfg(), {"context": 4}, {"down": 16})
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_every_dense_partitions_its_kernel_as_the_parameter_is_sharded(fused):
+  """A Dense layer's kernel axes (how its quantized GEMM is partitioned) are its parameter's logical axes in
+  PARAM_AXES (how the parameter is sharded): one rule for both, or the GEMM would reshard its weight every step."""
+  from flax import nnx
+  from MaxText.model.decoder import Transformer
+  from MaxText.model.layers import Dense
+
+  cfg = _cfg(*(["fused_mlp=true"] if fused else []))
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  seen = 0
+  for path, module in nnx.iter_graph(model):
+    if isinstance(module, Dense):
+      name = "/".join(str(p) for p in path) + "/kernel"
+      assert module.kernel_axes == sharding.PARAM_AXES[name][1:], name  # [1:]: the stacked layers' axis
+      seen += 1
+  assert seen == 6 if fused else 7
+
+
 MESHES = {
   "data8": ["ici_data_parallelism=8", "ici_fsdp_parallelism=1"],
   "fsdp8": [],
