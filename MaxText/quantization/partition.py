@@ -357,7 +357,7 @@ def _every_axis(mesh):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _pmatmul(x, w, key_data, static: _Static):
-  return _pmatmul_fwd(x, w, key_data, static)[0]
+  return _forward_program(static, x, w, key_data)[0]
 
 
 def _forward_program(static: _Static, x, w, key_data):
@@ -378,6 +378,7 @@ def _forward_program(static: _Static, x, w, key_data):
 
 
 def _pmatmul_fwd(x, w, key_data, static: _Static):
+  _check_blocks(static.recipe, static.axes, static.mesh, x.shape, w.shape, backward=True)  # traced when differentiated
   y, kept = _forward_program(static, x, w, key_data)
   return y, (x, w, key_data, name_for_remat(kept))
 
@@ -412,9 +413,10 @@ def _check_divisible(what, shape, dim_axes, mesh):
       )
 
 
-def _check_blocks(recipe: Recipe, axes: GemmAxes, mesh, x_shape, w_shape):
+def _check_blocks(recipe: Recipe, axes: GemmAxes, mesh, x_shape, w_shape, backward=False):
   """Every scaling block of every operand lies within one device's shard: its contraction shards (K for x and w, the
-  output columns for dy and w^T, the tokens for x^T and dy^T) are whole blocks, and 16x16 weight tiles whole tiles.
+  output columns for dy and w^T, the tokens for x^T and dy^T: `backward`, checked where the GEMM is differentiated, so
+  a decode step's few tokens per device are no error) are whole blocks, and 16x16 weight tiles whole tiles.
   A PartitionError saying which dimension and by how much otherwise (sharding.check_quantization_blocks says it
   in the config's terms before anything is built)."""
   block = recipe.block_size
@@ -430,10 +432,9 @@ def _check_blocks(recipe: Recipe, axes: GemmAxes, mesh, x_shape, w_shape):
     ("x's contraction (K)", local(x_shape[-1], axes.x_k)),
     ("the kernel's contraction (K)", local(w_shape[0], axes.w_k)),
     ("the kernel's last output dim", local(w_shape[-1], axes.w_out[-1])),
-    ("y's last output dim", local(w_shape[-1], axes.y_out[-1])),
   ]
-  if recipe.quantized_backward:
-    checks.append(("the tokens of a wgrad operand", tokens))
+  if backward and recipe.quantized_backward:  # dy and w^T block along the output dims, x^T and dy^T along tokens
+    checks += [("y's last output dim", local(w_shape[-1], axes.y_out[-1])), ("the tokens of a wgrad operand", tokens)]
   for what, n in checks:
     if n % block:
       raise PartitionError(

@@ -76,7 +76,8 @@ def test_a_block_split_over_shards_is_refused():
   with pytest.raises(partition.PartitionError, match="a shard holds 16 of the kernel's last output dim, not a mult"):
     partition._check_blocks(get_recipe("mxfp4"), axes, mesh, (8, 128, 128), (128, 128))
   with pytest.raises(partition.PartitionError, match="holds 8 of the tokens of a wgrad operand"):
-    partition._check_blocks(get_recipe("te_nvfp4"), axes, mesh, (8, 16, 128), (128, 256))
+    partition._check_blocks(get_recipe("te_nvfp4"), axes, mesh, (8, 16, 128), (128, 256), backward=True)
+  partition._check_blocks(get_recipe("te_nvfp4"), axes, mesh, (8, 16, 128), (128, 256))  # forward only: decoding
   partition._check_blocks(get_recipe("te_fp8_currentscaling"), axes, mesh, (8, 16, 128), (128, 8))  # no blocks
 
 
