@@ -75,6 +75,7 @@ def test_nvfp4_mlp_trains(tmp_path):
   assert np.mean(losses[-3:]) < losses[0] - 0.5
 
 
+@pytest.mark.heavy
 def test_cpu_gemm_dtype_changes_the_gemms_dtype_not_the_numbers(tmp_path, capsys, cpu_gemm_choice):
   """FP8 MLP GEMMs and bf16 attention and lm head GEMMs on f32 or on bf16 operands (the cpu_gemm_dtype key), and the
   plan says which ran: the first loss is the same up to the f32 sums' order; later ones drift apart only by the few
