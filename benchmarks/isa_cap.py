@@ -7,8 +7,9 @@ on that CPU kind.
 
 Levels: avx2 (no AVX-512, no AMX: Haswell to Comet Lake, Zen 1-3), avx512 (AVX-512 without its bf16/fp16 and
 AMX: Skylake-SP to Ice Lake), avx512_bf16 (no AMX: Cooper Lake, Zen 4). The program still runs on this machine's
-cores, caches and clocks: a capped figure is the libraries' choice for that CPU kind on this silicon, an emulation of
-the choice, not a measurement of a machine of that kind. Needs Linux on x86_64 with CPUID faulting (flag
+cores, caches and clocks (and glibc's string functions keep the versions it chose before the library loaded): a capped
+figure is the libraries' choice for that CPU kind on this silicon, an emulation of the choice, not a measurement of a
+machine of that kind. Needs Linux on x86_64 with CPUID faulting (flag
 cpuid_fault, which KVM guests have too) and a C compiler (cc). XLA's own --xla_cpu_max_isa caps only its JIT; the
 GEMM libraries read CPUID themselves (measured: a bf16 GEMM as fast under --xla_cpu_max_isa=AVX2 as without it).
 """

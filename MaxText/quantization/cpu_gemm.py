@@ -5,8 +5,9 @@ activations and weights, FP8 values, NVFP4 / MX values with their block scales f
 XLA:CPU as bf16 or as f32, they give the same products and f32 sums (in another order). XLA:CPU (jax 0.10-0.11) runs
 both through YNNPACK, whose speed depends on the CPU: on the 2-core x86_64 box with AMX (amx_bf16), a
 1024x256x768 bf16 GEMM takes 0.2-0.3x the f32 one's time; with AVX-512 and AMX hidden from the libraries (AVX2 only)
-1.6x, and still 1.3-1.6x with only AMX hidden (avx512_bf16 left: its dot-product instruction does no more per cycle
-than two f32 FMAs). `benchmarks/cpu_gemm_bench.py` measures it. So:
+1.35-1.6x, and still 1.3-1.6x with only AMX hidden (avx512_bf16 left: likely because its dot-product instruction
+does no more multiply-adds per cycle than two f32 FMAs). `benchmarks/cpu_gemm_bench.py` measures it
+(benchmarks/RESULTS.md, "per CPU kind"). So:
 
     auto      bf16 where the CPU has bf16 matrix instructions (x86 amx_bf16, ARM's bf16), else f32: read from the
               CPU's feature flags (Linux /proc/cpuinfo; macOS sysctl), f32 where they can't be read
