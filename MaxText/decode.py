@@ -26,6 +26,7 @@ from MaxText.model.decoder import abstract_model
 from MaxText.runtime import distributed, sharding
 from MaxText.errors import STORAGE_ERRNOS, UserError
 from MaxText.inference.generate import Generator
+from MaxText.quantization import cpu_gemm
 from MaxText.trainer.run import matmul_precision
 
 
@@ -130,6 +131,7 @@ def decode(cfg, log=print):
   tokenizer = data.tokenizers.load(cfg.tokenizer_type, cfg.tokenizer_path, cfg.vocab_size, cfg.add_bos)
   prompt_ids = encode_prompts(cfg, tokenizer, prompts)
   plan = _decode_plan(cfg)
+  cpu_gemm.configure(cfg.cpu_gemm_dtype)
   distributed.initialize(cfg)
   devices = jax.devices()
   batch = config_lib.RunShape.of(cfg, len(devices)).global_batch_size

@@ -36,6 +36,15 @@ def cpu_subprocess_env(devices, **extra):
   return dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", **extra)
 
 
+@pytest.fixture
+def cpu_gemm_choice():
+  """MaxText.quantization.cpu_gemm.configure for one test (the cpu_gemm_dtype key's choices); auto afterwards."""
+  from MaxText.quantization import cpu_gemm  # pylint: disable=import-outside-toplevel
+
+  yield cpu_gemm.configure
+  cpu_gemm.configure("auto")
+
+
 def pytest_collection_modifyitems(items):
   """The heavy tests first: pytest-xdist hands out tests in this order, so the longest ones start at once
   instead of leaving one worker busy after the other has finished."""

@@ -176,6 +176,13 @@ SCHEMA = {
     "bfloat16 (= default), float32 (= highest); bf16 and quantized GEMMs are unaffected",
     ("default", "high", "highest", "bfloat16", "float32"),
   ),
+  "cpu_gemm_dtype": Key(
+    str,
+    "auto",
+    "operand dtype of the GEMMs on a CPU (the same values and numbers either way, at the CPU's speed for it): auto "
+    "(bfloat16 where the CPU has bf16 matrix instructions, amx_bf16 or ARM bf16; else float32), float32, bfloat16",
+    ("auto", "float32", "bfloat16"),
+  ),
   "logits_dot_in_fp32": Key(bool, False, "run the lm head GEMM on f32 operands instead of the compute dtype"),
   # -- model
   "model_name": Key(

@@ -10,7 +10,7 @@ forward pass (custom_vjp's fwd rule) computes each tile's log-softmax, its loss 
 right away, and keeps only dx [B, L, D] and dW [D, V] for the backward pass, which scales them. That is the
 plain path's three lm-head GEMMs (logits, dgrad, wgrad) and no recomputed forward GEMM. Without a gradient
 (eval) only the loss runs. GEMMs take compute-dtype (bf16) operands with f32 accumulation as
-`quantization.dots` does; log-softmax and the loss are f32.
+`quantization.dots` does (on a CPU in the dtype quantization.cpu_gemm picks); log-softmax and the loss are f32.
 """
 
 import functools
@@ -18,8 +18,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from MaxText.runtime import sharding
 from MaxText.model.decoder import ACTIVATION_AXES, LOGITS_AXES
+from MaxText.quantization import cpu_gemm
+from MaxText.runtime import sharding
 
 
 def _tiles(a_BxL, n):
@@ -33,10 +34,15 @@ def _untile(a_NxBxC, length):
   return moved.reshape(moved.shape[0], length, *moved.shape[3:])
 
 
+def _einsum_f32(spec):
+  """einsum(spec, a, b) with f32 accumulation and result (cpu_gemm.gemm picks its operands' dtype on a CPU)."""
+  return functools.partial(jnp.einsum, spec, preferred_element_type=jnp.float32)
+
+
 def _tile_loss(x_BxCxD, w_DxV, targets_BxC):
   """(f32 logits [B, C, V], per-token cross-entropy [B, C], log-sum-exp [B, C]) of one tile; operands already
   in the compute dtype."""
-  logits = jnp.einsum("bcd,dv->bcv", x_BxCxD, w_DxV, preferred_element_type=jnp.float32)
+  logits = cpu_gemm.gemm(_einsum_f32("bcd,dv->bcv"), x_BxCxD, w_DxV)
   logits = sharding.constrain(logits, LOGITS_AXES)
   lse_BxC = jax.nn.logsumexp(logits, axis=-1)
   label_BxC = jnp.take_along_axis(logits, targets_BxC[..., None], axis=-1)[..., 0]
@@ -49,8 +55,8 @@ def _tile_grads(logits_BxCxV, lse_BxC, x_BxCxD, w_DxV, targets_BxC, weights_BxC)
   probs = jnp.exp(logits_BxCxV - lse_BxC[..., None])
   onehot = jax.lax.broadcasted_iota(jnp.int32, logits_BxCxV.shape, 2) == targets_BxC[..., None]
   dlogits = ((probs - onehot) * weights_BxC[..., None]).astype(x_BxCxD.dtype)
-  dx = jnp.einsum("bcv,dv->bcd", dlogits, w_DxV, preferred_element_type=jnp.float32)
-  dw = jnp.einsum("bcd,bcv->dv", x_BxCxD, dlogits, preferred_element_type=jnp.float32)
+  dx = cpu_gemm.gemm(_einsum_f32("bcv,dv->bcd"), dlogits, w_DxV)
+  dw = cpu_gemm.gemm(_einsum_f32("bcd,bcv->dv"), x_BxCxD, dlogits)
   return dx, dw
 
 

@@ -7,6 +7,7 @@ quantized matmul. Nothing here imports the rest of MaxText; the trainer imports 
     backends/    who runs a quantized GEMM: emulated (pure JAX), xla (block-scaled dot), te (Transformer Engine)
     qdot.py      qmatmul / qdense: the quantized matmul with the recipe's forward and backward GEMMs
     delayed.py   FP8 delayed scaling (the amax history), dots.py (bf16 contractions), stats.py (telemetry)
+    cpu_gemm.py  which operand dtype (f32 or bf16) the GEMMs take on a CPU: what that CPU multiplies fastest
 
 The names below load their modules on first use, so `import MaxText.quantization.recipes` needs no JAX.
 """

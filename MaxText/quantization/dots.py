@@ -4,7 +4,8 @@
 JAX's transpose rule then contracts the f32 cotangent with the bf16 operand, so both gradient GEMMs
 run on f32 operands (TF32 or FP32 SIMT on a GPU, at a fraction of the bf16 rate). Here the
 cotangent is rounded to the compute dtype first (what it would be had the output been bf16, as
-MaxText's is) and the gradient GEMMs are bf16 x bf16 with bf16 results, accumulated in f32.
+MaxText's is) and the gradient GEMMs are bf16 x bf16 with bf16 results, accumulated in f32. On a CPU all three
+read the same values in the dtype XLA:CPU multiplies fastest there (cpu_gemm.py: bf16 or f32).
 """
 
 import functools
@@ -12,14 +13,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from MaxText.quantization import cpu_gemm
+
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
 def einsum(spec, a, b, out_dtype, compute_dtype):
   """jnp.einsum(spec, a, b) on operands cast to `compute_dtype`, f32 accumulation, result in `out_dtype`;
   its two gradient contractions also run on `compute_dtype` operands."""
-  return jnp.einsum(spec, a.astype(compute_dtype), b.astype(compute_dtype), preferred_element_type=jnp.float32).astype(
-    out_dtype
-  )
+  contract = functools.partial(jnp.einsum, spec, preferred_element_type=jnp.float32)
+  return cpu_gemm.gemm(contract, a.astype(compute_dtype), b.astype(compute_dtype)).astype(out_dtype)
 
 
 def _einsum_fwd(spec, a, b, out_dtype, compute_dtype):
@@ -29,9 +31,12 @@ def _einsum_fwd(spec, a, b, out_dtype, compute_dtype):
 def _einsum_bwd(spec, out_dtype, compute_dtype, residuals, ct):
   del out_dtype
   a, b = residuals
-  contract = lambda a, b: jnp.einsum(spec, a, b, preferred_element_type=compute_dtype)
-  _, vjp = jax.vjp(contract, a.astype(compute_dtype), b.astype(compute_dtype))
-  da, db = vjp(ct.astype(compute_dtype))
+
+  def grads(a, b, ct):  # in the compute dtype; on a CPU perhaps in f32, rounded to it
+    _, vjp = jax.vjp(functools.partial(jnp.einsum, spec, preferred_element_type=ct.dtype), a, b)
+    return tuple(g.astype(compute_dtype) for g in vjp(ct))
+
+  da, db = cpu_gemm.gemm(grads, a.astype(compute_dtype), b.astype(compute_dtype), ct.astype(compute_dtype))
   return da.astype(a.dtype), db.astype(b.dtype)
 
 

@@ -11,6 +11,7 @@ from MaxText import precision, storage
 from MaxText.config.models import definition as model_definition
 from MaxText.model import accounting
 from MaxText.model.decoder import abstract_model
+from MaxText.quantization import cpu_gemm
 from MaxText.runtime import sharding
 from MaxText.errors import UserError
 
@@ -101,6 +102,8 @@ def print_plan(cfg, plan, run_shape, mesh_sizes, devices):
   text, mem = summary(cfg, run_shape, mesh_sizes)
   print(text)
   print("precision plan:\n" + precision.format_plan(plan, cfg, accounting.gemm_flops(cfg)))
+  if devices and devices[0].platform == "cpu":
+    print(f"CPU GEMM operands: {cpu_gemm.describe()}")
   if 0 <= cfg.high_precision_from_step < cfg.steps:
     print(f"from step {cfg.high_precision_from_step}: every GEMM in bf16")
   elif cfg.high_precision_from_step >= cfg.steps:

@@ -9,6 +9,7 @@ import jax
 from MaxText import precision, storage
 from MaxText.config import RunShape
 from MaxText.errors import UserError
+from MaxText.quantization import cpu_gemm
 from MaxText.runtime import compile_cache, distributed, job_stop, peers, preemption, sharding
 from MaxText.trainer import preflight, run_setup
 from MaxText.trainer.loop import Loop, NonFiniteLoss
@@ -29,6 +30,7 @@ def train(cfg):
   job every process stops after the same step (runtime/job_stop.py), and a process that dies, hangs or fails
   is named by the others, which exit too (runtime/peers.py).
   """
+  cpu_gemm.configure(cfg.cpu_gemm_dtype)
   with preemption.installed(), matmul_precision(cfg):
     process_index, process_count = distributed.initialize(cfg)
     if process_count == 1:

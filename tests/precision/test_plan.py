@@ -219,7 +219,7 @@ def test_backward_override_step_quantizes_fprop_only_and_runs_bf16_gemms(overrid
     )
     step, args = _step_and_args(cfg)
     assert _count_calls(jax.make_jaxpr(step)(*args).jaxpr, "quantize_for_gemm") == 2 * 3 * 2  # x, w per MLP GEMM
-  by_dtype = hlo_dots.dot_flops_by_dtype(step.lower(*args).as_text())
+  by_dtype = hlo_dots.dot_flops_by_dtype(step.trace(*args).lower(lowering_platforms=("cuda",)).as_text())
   assert set(by_dtype) == {("bf16", "bf16")}, by_dtype
 
 

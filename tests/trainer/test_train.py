@@ -75,6 +75,21 @@ def test_nvfp4_mlp_trains(tmp_path):
   assert np.mean(losses[-3:]) < losses[0] - 0.5
 
 
+@pytest.mark.heavy
+def test_cpu_gemm_dtype_changes_the_gemms_dtype_not_the_numbers(tmp_path, capsys, cpu_gemm_choice):
+  """FP8 MLP GEMMs and bf16 attention and lm head GEMMs on f32 or on bf16 operands (the cpu_gemm_dtype key), and the
+  plan says which ran: the first loss is the same up to the f32 sums' order; later ones drift apart only by the few
+  bf16-rounded gradients that order moves by one bf16 step (measured: 3e-5 relative by step 3; a wrong operand,
+  scale or transpose moves them by whole percents)."""
+  losses = {}
+  for choice in ("float32", "bfloat16"):
+    keys = ("steps=4", "quantization=te_fp8_currentscaling", f"cpu_gemm_dtype={choice}")
+    losses[choice] = train.train(_cfg(tmp_path, *keys, run=choice))
+    assert f"CPU GEMM operands: {choice} (cpu_gemm_dtype={choice})\n" in capsys.readouterr().out
+  np.testing.assert_allclose(losses["float32"][0], losses["bfloat16"][0], rtol=1e-6)
+  np.testing.assert_allclose(losses["float32"], losses["bfloat16"], rtol=5e-4)
+
+
 def _run(*args):
   return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
 

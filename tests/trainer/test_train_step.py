@@ -67,14 +67,20 @@ def test_every_gemm_runs_on_tensor_core_dtypes(quantization):
     assert f8 == 0
 
 
-def test_fp8_gemms_run_on_bf16_operands_on_a_cpu():
-  """XLA:CPU widens f8 dots to f32; the emulation hands it the same values in bf16 there (exact), so the GEMMs a
-  GPU runs on f8 run at XLA:CPU's bf16 rate."""
-  cfg = _cfg("quantization=te_fp8_currentscaling")
+@pytest.mark.parametrize("choice, dtype", [("bfloat16", "bf16"), ("float32", "f32")])
+@pytest.mark.parametrize("quantization", ["", "te_fp8_currentscaling"])
+def test_a_cpu_runs_every_gemm_on_the_operand_dtype_cpu_gemm_picks(cpu_gemm_choice, quantization, choice, dtype):
+  """On a CPU every GEMM of the step (the bf16 ones, FP8's f8 ones) reads the same values in cpu_gemm's dtype: bf16
+  where the CPU multiplies it natively, f32 elsewhere (cpu_gemm_dtype); a GPU's lowering is the same either way."""
+  cfg = _cfg(f"quantization={quantization}")
+  cpu_gemm_choice(choice)
   by_dtype = _dot_flops(cfg, platform="cpu")
   flops = accounting.training_flops_per_device(cfg)
-  assert not any(a.startswith("f8") or b.startswith("f8") for a, b in by_dtype), by_dtype
-  assert by_dtype[("bf16", "bf16")] == pytest.approx(flops.total + flops.attention_core, rel=1e-9)
+  assert set(by_dtype) == {(dtype, dtype)}, by_dtype
+  assert by_dtype[(dtype, dtype)] == pytest.approx(flops.total + flops.attention_core, rel=1e-9)
+  gpu = _dot_flops(cfg, platform="cuda")
+  cpu_gemm_choice("bfloat16" if choice == "float32" else "float32")
+  assert _dot_flops(cfg, platform="cuda") == gpu
 
 
 def _count_calls(jaxpr, name):
@@ -153,7 +159,7 @@ def test_tiled_lm_head_runs_its_three_gemms_per_tile_on_bf16(num_tiles):
   """The HLO counts a loop body once: the tiled step's dots are the plain step's with the lm head's three GEMMs
   (logits, dgrad, wgrad; no recomputed forward) at 1/num_tiles of their size, all on bf16 operands."""
   plain_cfg, tiled_cfg = _cfg(), _cfg(f"num_vocab_tiling={num_tiles}")
-  plain, tiled = _dot_flops(plain_cfg), _dot_flops(tiled_cfg)
+  plain, tiled = _dot_flops(plain_cfg, platform="cuda"), _dot_flops(tiled_cfg, platform="cuda")
   flops = accounting.training_flops_per_device(plain_cfg)
   lm_head = flops.embedding  # 3 x 2 x tokens x D x V
   assert sum(tiled.values()) == pytest.approx(sum(plain.values()) - lm_head * (1 - 1 / num_tiles), rel=1e-9)

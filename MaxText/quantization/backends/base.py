@@ -13,11 +13,13 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from MaxText.quantization import cpu_gemm
 from MaxText.quantization.formats.tensor import QuantizedTensor
 from MaxText.quantization.recipes import Recipe
 
 # The name of quantized operands kept for the backward GEMMs (jax.checkpoint_policies.save_only_these_names).
 REMAT_NAME = "quantization"
+F32 = jnp.float32
 
 
 class Backend(typing.Protocol):
@@ -109,7 +111,11 @@ def _bwd_in_compute_dtype(recipe, w_dtype, backend, residuals, dy_MxN):
     x_MxK, w_NxK = backend.dequantize(x_res, recipe, dtype), backend.dequantize(w_res, recipe, dtype)
   else:
     x_MxK, w_NxK = x_res.astype(dtype), w_res.T.astype(dtype)
-  dot = lambda a, b, dims: jax.lax.dot_general(a, b, (dims, ((), ())), preferred_element_type=jnp.float32)
+
+  def dot(a, b, dims):
+    contract = functools.partial(jax.lax.dot_general, dimension_numbers=(dims, ((), ())), preferred_element_type=F32)
+    return cpu_gemm.gemm(contract, a, b)
+
   dx_MxK = dot(dy_MxN, w_NxK, ((1,), (0,))).astype(dtype)
   dw_KxN = dot(x_MxK, dy_MxN, ((0,), (0,))).astype(dtype).astype(w_dtype)
   return dx_MxK, dw_KxN, None

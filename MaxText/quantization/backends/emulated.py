@@ -2,10 +2,10 @@
 
 Every operand arrives as [rows, contraction] with blocks along the last axis. The GEMM reads a folded
 QuantizedTensor on tensor-core dtypes, as the hardware would: per-tensor FP8 as the f8 values
-themselves (an f8 x f8 dot, which XLA turns into a cuBLASLt FP8 GEMM on Hopper; on a CPU the same
-values in bf16, which XLA:CPU multiplies at twice its f32 rate), NVFP4 and MX with their block scales
-folded into bf16 (exact, see below), and the per-tensor scales applied to the f32 accumulator in the
-epilogue. The result is what a tensor core computes up to the order of the f32 sum.
+themselves (an f8 x f8 dot, which XLA turns into a cuBLASLt FP8 GEMM on Hopper), NVFP4 and MX with their
+block scales folded into bf16 (exact, see below), and the per-tensor scales applied to the f32 accumulator in
+the epilogue. On a CPU the GEMM reads the same values in the dtype XLA:CPU multiplies fastest there (cpu_gemm.py:
+bf16 or f32). The result is what a tensor core computes up to the order of the f32 sum.
 """
 
 import functools
@@ -13,6 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from MaxText.quantization import cpu_gemm
 from MaxText.quantization.backends.base import OperandBackend
 from MaxText.quantization.formats import Format, fp8, grids, mx, nvfp4
 from MaxText.quantization.formats.tensor import QuantizedTensor
@@ -154,21 +155,11 @@ def _dot_f32(a_MxK, b_NxK):
   return jax.lax.dot_general(a_MxK, b_NxK, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def _dot_f8_on_cpu(a_MxK, b_NxK):
-  """The f8 x f8 dot as XLA:CPU runs it fastest: on the same values in bf16 (E4M3 and E5M2 values are exact in bf16,
-  and so are their products in f32). Left as f8, XLA:CPU widens the operands to f32, and its f32 GEMMs take about
-  twice as long as its bf16 ones on CPUs with bf16 dot instructions (avx512_bf16: the 2-core CPU box). Transposed
-  operands (the gradients' x.T, dy.T, w.T) come from QuantizedTensor.T, which on a CPU stores them row by row, as
-  these GEMMs read them."""
-  return _dot_f32(a_MxK.astype(jnp.bfloat16), b_NxK.astype(jnp.bfloat16))
-
-
 def gemm(a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe):
-  """a [M, K] . b_t [N, K]^T for two operands quantized by `recipe`: f32 accumulation, then the epilogue."""
-  if jnp.dtype(a.values.dtype).itemsize == 1:  # per-tensor FP8: f8 x f8 (cuBLASLt on a GPU), bf16 x bf16 on a CPU
-    acc = jax.lax.platform_dependent(a.values, b_t.values, cpu=_dot_f8_on_cpu, default=_dot_f32)
-  else:
-    acc = _dot_f32(a.values, b_t.values)
+  """a [M, K] . b_t [N, K]^T for two operands quantized by `recipe`: f32 accumulation, then the epilogue. Per-tensor
+  FP8 is an f8 x f8 dot (cuBLASLt on a GPU); on a CPU every one reads cpu_gemm's dtype (E4M3 and E5M2 values are
+  exact in bf16, their products in f32; XLA:CPU would widen f8 to f32 anyway)."""
+  acc = cpu_gemm.gemm(_dot_f32, a.values, b_t.values)
   if recipe.format is Format.NVFP4:
     return acc * nvfp4.gemm_alpha(a.global_scale, b_t.global_scale, a.e4m3_max, b_t.e4m3_max)
   if recipe.format.per_tensor_fp8:

@@ -6,6 +6,8 @@ import typing
 import jax
 import jax.numpy as jnp
 
+from MaxText.quantization import cpu_gemm
+
 E4M3_MAX = 448.0  # NVFP4's usual global-scale bound (TE's nvfp4_e4m3_max)
 
 
@@ -41,7 +43,10 @@ class QuantizedTensor:
         f"a tensor quantized in {self.tile} blocks has no transposed view with the same numbers; "
         "quantize the transposed operand instead"
       )
-    values_t = jax.lax.platform_dependent(self.values, cpu=_transpose_in_memory, default=jnp.transpose)
+    if cpu_gemm.transposes_in_memory():
+      values_t = jax.lax.platform_dependent(self.values, cpu=_transpose_in_memory, default=jnp.transpose)
+    else:
+      values_t = jnp.transpose(self.values)
     if self.scales is None:
       return dataclasses.replace(self, values=values_t)
     cols = self.values.shape[1]
@@ -50,7 +55,8 @@ class QuantizedTensor:
 
 
 def _transpose_in_memory(values):
-  """values.T as an array of its own, rows contiguous: what XLA:CPU's bf16 GEMMs (YNNPACK) read. A plain transpose
+  """values.T as an array of its own, rows contiguous: what XLA:CPU's bf16 GEMMs (YNNPACK) read, where the CPU's
+  GEMMs take bf16 (cpu_gemm.transposes_in_memory; f32 GEMMs run faster on the transpose folded in). A plain transpose
   reaches XLA as a transposed layout, or is folded into the dot as a left operand contracted on its first axis:
   XLA:CPU then runs the GEMM on operands widened to f32, two to three times slower. Through a unit axis and a reshape
   (the same elements), behind a barrier XLA doesn't fold through, the transpose is a copy instead."""
