@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from MaxText.quantization.backends.base import name_for_remat, split_grad_keys
+from MaxText.quantization.backends.base import backward_in_compute_dtype, name_for_remat, split_grad_keys
 from MaxText.quantization.errors import QuantizationError
 from MaxText.quantization.kernels import threefry
 from MaxText.quantization.recipes import Recipe
@@ -289,13 +289,13 @@ def _backward_local(static: _Static, x_l, w_l, key, kept, dy_l):
   gather_k = _minor_suffix(axes.x_k, axes.w_k, "x's contraction")
   k_dgrad, k_wgrad = split_grad_keys(key)
   dy_dims = ((rows_l, axes.rows), (out_y, axes.y_out))
-  if recipe.backward_override == "dequantized":
-    x_op, w_full = kept
-    x_q, w_q = backend.dequantize(x_op, recipe, dtype), backend.dequantize(w_full, recipe, dtype)
-    dx, dw = _dots_in_compute_dtype(x_q, w_q, dy_MxN)
-  elif recipe.backward_override == "high_precision":
-    w_NxK = _gather(w_l.reshape(w_l.shape[0], *out_w), (gather_k, *gather_out), mesh).reshape(-1, math.prod(out_y))
-    dx, dw = _dots_in_compute_dtype(x_MxK.astype(dtype), w_NxK.T.astype(dtype), dy_MxN)
+  if recipe.backward_override != "none":  # dgrad and wgrad in the compute dtype, as one device's (base.py)
+    if recipe.backward_override == "dequantized":
+      residuals = (*kept, None)  # the forward's quantized x and gathered w^T
+    else:
+      w_full = _gather(w_l.reshape(w_l.shape[0], *out_w), (gather_k, *gather_out), mesh)
+      residuals = (x_MxK, w_full.reshape(w_full.shape[0], -1), None)
+    dx, dw, _ = backward_in_compute_dtype(recipe, dtype, backend, residuals, dy_MxN)
   else:
     x_t_kept, w_t_kept = kept
     dy_op = _quantize(static, dy_MxN, "dy", "dy", key=k_dgrad, draw_dims=dy_dims)
@@ -331,15 +331,6 @@ def _gather_t(w_t_op, gather_k, gather_out, out_w, mesh):
     return g.reshape(g.shape[0], -1)
 
   return dataclasses.replace(w_t_op, values=gather(w_t_op.values), scales=gather(w_t_op.scales))
-
-
-def _dots_in_compute_dtype(x_MxK, w_NxK, dy_MxN):
-  """A backward_override's dgrad and wgrad partial GEMMs in dy's dtype (f32 accumulation)."""
-  dtype = dy_MxN.dtype
-  dot = lambda a, b, dims: jax.lax.dot_general(a, b, (dims, ((), ())), preferred_element_type=jnp.float32)
-  dx = dot(dy_MxN, w_NxK, ((1,), (0,))).astype(dtype)
-  dw = dot(x_MxK.astype(dtype), dy_MxN, ((0,), (0,))).astype(dtype)
-  return dx, dw
 
 
 def _key_data(key):

@@ -104,8 +104,14 @@ recipes, cases, extras = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.
 x = jax.random.normal(jax.random.key(0), (8, 64, 128), jnp.float32)
 key = jax.random.key(5)
 out = {}
+def recipe_of(spec):  # "name" or "name:knob=value,knob=value"
+  name, _, knobs = spec.partition(":")
+  values = dict(kv.split("=") for kv in knobs.split(",") if kv)
+  return get_recipe(name, **{k: {"true": True, "false": False}.get(v, v) for k, v in values.items()})
+
+
 for name in recipes:
-  recipe = get_recipe(name)
+  recipe = recipe_of(name)
   for case in cases:
     shape, axes, out_dims = CASES[case]
     w = jax.random.normal(jax.random.key(1), (128, *out_dims), jnp.float32) * 0.05
@@ -132,7 +138,7 @@ mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(1, 4, 1, 2), AXES)
 row_scales = jnp.exp(jax.random.normal(jax.random.key(8), (64, 1)))
 a = jax.random.normal(jax.random.key(7), (64, 128), jnp.float32) * row_scales
 for name in recipes:
-  recipe = get_recipe(name)
+  recipe = recipe_of(name)
   for role in ("x", "w", "dy", "x_t", "dy_t"):
     backend = backends.EMULATED
     whole = backend.quantize(a, recipe, role, key, kernels=Kernels.XLA)
@@ -229,7 +235,18 @@ def test_partitioned_gemm_equals_one_device():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["te_nvfp4_no_rht", "te_fp8_currentscaling", "te_mxfp8", "mxfp4"])
+@pytest.mark.parametrize(
+  "name",
+  [
+    "te_nvfp4_no_rht",
+    "te_fp8_currentscaling",
+    "te_mxfp8",
+    "mxfp4",
+    "te_nvfp4:disable_2d_quantization=true,disable_rht=true",
+    "te_nvfp4:backward_override=dequantized",
+    "te_nvfp4:backward_override=high_precision",
+  ],
+)
 def test_partitioned_gemm_equals_one_device_for_every_recipe(name):
   out = _run([name], ["fsdp2_context2_tensor2", "row_fsdp4_tensor2", "fused_fsdp4_tensor2"])
   for label, value in out.items():
