@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from MaxText.quantization.backends.base import backward_in_compute_dtype, name_for_remat, split_grad_keys
 from MaxText.quantization.errors import QuantizationError
-from MaxText.quantization.kernels import threefry
+from MaxText.quantization.kernels import quantizer_impl, threefry
 from MaxText.quantization.recipes import Recipe
 
 
@@ -435,11 +435,9 @@ def _check_blocks(recipe: Recipe, axes: GemmAxes, mesh, x_shape, w_shape, backwa
       )
 
 
-def _per_shard_kernels(kernels):
+def per_shard_kernels(kernels):
   """The quantizers each device runs on its shard: `auto` picks the Pallas kernels wherever they run (they quantize
   the shard they are given, so the device count no longer matters)."""
-  from MaxText.quantization.kernels import quantizer_impl  # pylint: disable=import-outside-toplevel
-
   if kernels is quantizer_impl.Kernels.AUTO and quantizer_impl.unavailable_reason() is None:
     return quantizer_impl.Kernels.PALLAS
   return kernels
@@ -468,6 +466,6 @@ def qdense(x, w, recipe: Recipe, backend, *, key, kernels, axes: GemmAxes, mesh=
   if recipe.needs_rng:
     check_key(key)
   static = _Static(
-    recipe, jnp.dtype(w.dtype), backend, _per_shard_kernels(kernels), axes, mesh, x.shape[:-1], w.shape[1:]
+    recipe, jnp.dtype(w.dtype), backend, per_shard_kernels(kernels), axes, mesh, x.shape[:-1], w.shape[1:]
   )
   return _pmatmul(x, w, _key_data(key), static)
