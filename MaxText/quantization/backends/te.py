@@ -11,6 +11,7 @@ import importlib
 import jax
 import jax.numpy as jnp
 
+from MaxText.quantization import target
 from MaxText.quantization.backends.base import REMAT_NAME
 from MaxText.quantization.formats import Format
 from MaxText.quantization.recipes import Recipe
@@ -20,16 +21,9 @@ FP8_MIN_SM = 89  # Ada / Hopper
 
 
 def gpu_compute_capability():
-  """Major*10+minor of the first GPU, or None without one."""
-  try:
-    gpus = jax.devices("gpu")
-  except RuntimeError:
-    return None
-  cap = getattr(gpus[0], "compute_capability", None) if gpus else None
-  if not cap:
-    return None
-  major, minor = str(cap).split(".")
-  return int(major) * 10 + int(minor)
+  """Major*10+minor of the GPU built for (target.compiling_for's, else this machine's first), or None without one."""
+  named = target.named()
+  return named.sm if named is not None else target.local_gpu_sm()
 
 
 @functools.lru_cache(maxsize=None)
