@@ -9,6 +9,7 @@ import typing
 
 import jax
 import numpy as np
+import optax
 from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -71,20 +72,51 @@ def close_all(things, after_failure=False):
     raise failure
 
 
-def init_sharded(cfg, mesh, seed_key):
-  """(graphdef, params, rest) created directly in their shardings (nothing materialised whole on one device).
-  `seed_key` (jax.random.key(seed)) is the program's argument, not a constant in it: every seed runs one compiled
-  init."""
-  graphdef, abstract_params, abstract_rest = abstract_model(cfg)
-  shardings = sharding.param_shardings(abstract_params, mesh)
-  replicated = jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract_rest)
+def abstract_train_state(cfg, mesh, tx):
+  """(graphdef, TrainState of jax.ShapeDtypeStruct) for `cfg` on `mesh`, nothing allocated, every leaf carrying its
+  sharding, decided here once for init, restore, the step's outputs and train_compile: parameters by the logical
+  axis rules (sharding.PARAM_AXES), each optimizer-state copy of the parameters (AdamW's mu and nu) like its
+  parameter (MaxText's rule: the optimizer state is sharded like the params), everything else (AdamW's count, the
+  amax histories) replicated."""
+  graphdef, params, rest = abstract_model(cfg)
+  param_shardings = sharding.param_shardings(params, mesh)
+  replicated = NamedSharding(mesh, P())
+  opt_shardings = optax.tree_map_params(
+    tx,
+    lambda _, s: s,
+    jax.eval_shape(tx.init, params),
+    param_shardings,
+    transform_non_params=lambda _: replicated,
+    is_leaf=lambda x: isinstance(x, NamedSharding),
+  )
+  with_sharding = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+  state = TrainState(
+    0,
+    jax.tree.map(with_sharding, params, param_shardings),
+    jax.tree.map(lambda a: with_sharding(a, replicated), rest),
+    jax.tree.map(with_sharding, jax.eval_shape(tx.init, params), opt_shardings),
+  )
+  return graphdef, state
+
+
+def state_shardings(state):
+  """The NamedShardings of a TrainState's (params, rest, opt_state), abstract or concrete."""
+  return jax.tree.map(lambda a: a.sharding, (state.params, state.rest, state.opt_state))
+
+
+def init_sharded(cfg, mesh, tx, seed_key):
+  """(graphdef, TrainState at step 0) created directly in abstract_train_state's shardings (nothing materialised
+  whole on one device). `seed_key` (jax.random.key(seed)) is the program's argument, not a constant in it: every
+  seed runs one compiled init."""
+  graphdef, abstract = abstract_train_state(cfg, mesh, tx)
+  param_shardings, rest_shardings, opt_shardings = state_shardings(abstract)
 
   def init(seed_key):
     _, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed_key)), nnx.Param, ...)
-    return params, rest
+    return params, rest, tx.init(params)
 
-  params, rest = jax.jit(init, out_shardings=(shardings, replicated))(seed_key)
-  return graphdef, params, rest
+  params, rest, opt_state = jax.jit(init, out_shardings=(param_shardings, rest_shardings, opt_shardings))(seed_key)
+  return graphdef, TrainState(0, params, rest, opt_state)
 
 
 def global_batch(batch, batch_sharding):
@@ -202,14 +234,16 @@ def _state(cfg, mesh, checkpointer, data_iter, process_index, seed_key):
   """(graphdef, optimizer, TrainState, notes for the first metrics row) fresh or restored, with the data iterator
   moved to its position; a recipe or plan other than the one that trained the restored state is said."""
   with jax.set_mesh(mesh):
-    graphdef, params, rest = init_sharded(cfg, mesh, seed_key)
     tx = optimizer.make_optimizer(cfg)
-    template = TrainState(0, params, rest, jax.jit(tx.init)(params)).checkpoint_tree()
+    graphdef, fresh = init_sharded(cfg, mesh, tx, seed_key)
+    template = fresh.checkpoint_tree()
   step, tree, data_state, written_under = _initial_state(cfg, checkpointer, template)
+  # Whatever layout the checkpoint was written in (e.g. replicated moments), the state continues in the fresh one's.
+  tree = jax.device_put(tree, jax.tree.map(lambda a: a.sharding, {k: template[k] for k in tree}))
   if step >= cfg.steps:
     print(f"the run is at step {step} already (steps={cfg.steps}): nothing to train; raise steps to go on", flush=True)
   _restore_position(data_iter, data_state, process_index, cfg.dataset_type)
-  state = TrainState(step, tree["params"], tree.get("amax_history", rest), tree["opt_state"])
+  state = TrainState(step, tree["params"], tree.get("amax_history", fresh.rest), tree["opt_state"])
   return graphdef, tx, state, _recipe_change(cfg, step, written_under)
 
 
@@ -268,7 +302,6 @@ def build(cfg, plan, run_shape, devices, process_index, process_count, out_dir):
       opened.append(checkpointer)
     seed_key = jax.random.key(cfg.seed)  # the init's and the steps' argument, made once
     graphdef, tx, state, notes = _state(cfg, mesh, checkpointer, data_iter, process_index, seed_key)
-    shardings = jax.tree.map(lambda a: a.sharding, (state.params, state.opt_state))
     writer = metrics.MetricsWriter(
       out_dir,
       tensorboard=cfg.enable_tensorboard,
@@ -277,7 +310,7 @@ def build(cfg, plan, run_shape, devices, process_index, process_count, out_dir):
       first_step=state.step,
     )
     opened.append(writer)
-    steps = StepFunctions(cfg, graphdef, tx, plan, shardings, seed_key)
+    steps = StepFunctions(cfg, graphdef, tx, plan, state_shardings(state), seed_key)
     hooks = _hooks(
       cfg, run_shape, steps, batch_sharding, checkpointer, writer, out_dir, process_index, process_count, notes
     )

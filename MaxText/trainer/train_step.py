@@ -57,8 +57,9 @@ def loss_terms(model, batch, layer_precisions, key, stats_sinks=None):
 
 def make_train_step(graphdef, tx, plan, accumulation_steps, num_layers=0, state_shardings=None):
   """The jitted step (params, rest, opt_state, batch, step, seed_key): gradient accumulation over micro-batches,
-  clipping and AdamW (state donated). The run's key (`seed_key`, jax.random.key(seed)) is an argument, not a
-  constant of the program, so every seed runs the same compiled step (one compilation, or one cache entry).
+  clipping and AdamW (state donated; `state_shardings`: the (params, rest, opt_state) shardings it returns). The
+  run's key (`seed_key`, jax.random.key(seed)) is an argument, not a constant of the program, so every seed runs the
+  same compiled step (one compilation, or one cache entry).
 
   With `num_layers` > 0 the step also returns quantization telemetry ("quant_stats": {gemm:
   [layers, roles, stats]}, averaged over micro-batches) through zero sinks' gradients.
@@ -111,7 +112,9 @@ def make_train_step(graphdef, tx, plan, accumulation_steps, num_layers=0, state_
       step_metrics["quant_stats"] = jax.tree.map(lambda s: s / accumulation_steps, stats)
     return params, rest, opt_state, step_metrics
 
-  out_shardings = None if state_shardings is None else (state_shardings[0], None, state_shardings[1], None)
+  # The new state leaves in the shardings it came in with (run_setup.abstract_train_state's): without them XLA may
+  # choose others (e.g. all-reduced, replicated gradients and moments instead of reduce-scattered, sharded ones).
+  out_shardings = None if state_shardings is None else (*state_shardings, None)
   return jax.jit(step_fn, donate_argnums=(0, 2), out_shardings=out_shardings)
 
 
