@@ -17,7 +17,9 @@ from MaxText.errors import UserError
 
 def plugin_missing_reason():
   """None where jax's CUDA plugin is installed, else what to do (one line)."""
-  if importlib.util.find_spec("jax_plugins.xla_cuda13") or importlib.util.find_spec("jax_plugins.xla_cuda12"):
+  if importlib.util.find_spec("jax_plugins") is not None and any(
+    importlib.util.find_spec(f"jax_plugins.{name}") for name in ("xla_cuda13", "xla_cuda12")
+  ):
     return None
   return (
     "compiling for a GPU target needs jax's CUDA plugin, which this Python lacks; run it as "

@@ -396,6 +396,17 @@ def _library_gemm(module, instr):
   return kind, flops, dtypes
 
 
+def _te_gemm(module, instr):
+  """(flops, operand dtypes) of a Transformer Engine GEMM call (lhs, lhs scale, rhs, rhs scale, ...): K from the
+  element counts, lhs x rhs = out x K^2 for [M, K] x [N, K] -> [M, N] whichever operand is transposed."""
+  operands = module.operand_arrays(instr)
+  if len(operands) < 3 or not operands[0] or not operands[2] or not instr.shapes:
+    return 0.0, ()
+  lhs, rhs, out = operands[0][0], operands[2][0], instr.shapes[0]
+  k = math.sqrt(lhs.elements * rhs.elements / out.elements) if out.elements else 0.0
+  return 2.0 * out.elements * k, (lhs.dtype, rhs.dtype)
+
+
 def attention_work(module, instr):
   """(FLOPs, scores) of a cuDNN fused attention call. FLOPs: the forward's two GEMMs, 4 B H Lq Lk D, halved where
   causal; the backward's five, 2.5 x that (S recomputed, dP, dS Q, dS K, P dO). Scores: B H Lq Lk (halved where
@@ -620,14 +631,13 @@ def classify(module, instr):
       return "attention", "cudnn" if target.startswith("__cudnn") else "other", attention_work(module, instr)[0], ()
     if library in ("gemm", "block_scaled"):
       if _is_te(target):
-        dtypes = tuple(o[0].dtype for o in module.operand_arrays(instr)[:2] if o)
-        return "gemm", "te", 0.0, dtypes
+        return ("gemm", "te", *_te_gemm(module, instr))
       kind, flops, dtypes = _library_gemm(module, instr)
       return "gemm", kind, flops, dtypes
     if target == "__gpu$xla.gpu.triton":
       return "elementwise", "pallas", 0.0, ()
     if _is_te(target):
-      return "elementwise", "te", 0.0, ()
+      return "elementwise", "te_kernel", 0.0, ()
     return "elementwise", "custom-call", 0.0, ()
   if opcode in ("dot", "scaled-dot", "convolution"):
     flops, dtypes = _hlo_dot(module, instr)

@@ -49,10 +49,15 @@ _PEAK_OF_KIND = {
   "fp8": "fp8",
   "fp4_block_scaled": "fp4",
   "mxfp8_block_scaled": "fp8",
-  "te": "bf16",
   "triton": "bf16",
   "f32": "tf32",
 }
+
+
+def _te_peak(dtypes):
+  """The tensor-core rate a Transformer Engine GEMM runs at: its operands' type (FP4, FP8, else bf16)."""
+  first = dtypes[0] if dtypes else ""
+  return "fp4" if first.startswith("f4") else "fp8" if first.startswith("f8") else "bf16"
 
 
 def kernel_seconds(kernel, gpu, calibration=DEFAULT):
@@ -63,7 +68,7 @@ def kernel_seconds(kernel, gpu, calibration=DEFAULT):
     if kernel.kind == "naive_loop":
       scalar = 2.0 * 128 * gpu.core_count * gpu.clock_ghz * 1e9  # one FMA per CUDA core per clock, f32
       return max(kernel.flops / scalar, memory_time)
-    dtype = _PEAK_OF_KIND.get(kernel.kind, "bf16")
+    dtype = _te_peak(kernel.dtypes) if kernel.kind == "te" else _PEAK_OF_KIND.get(kernel.kind, "bf16")
     if dtype not in gpu.matrix_ops_per_clock:
       dtype = "fp8" if kernel.kind == "fp4_block_scaled" else "bf16"  # no FP4 tensor cores: the next rate down
     return max(kernel.flops / (gpu.peak_flops(dtype) * calibration.gemm), memory_time)

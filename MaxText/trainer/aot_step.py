@@ -24,11 +24,11 @@ from MaxText.aot import devices as aot_devices, hlo, roofline, targets
 from MaxText.config import RunShape
 from MaxText.data.batch import Batch
 from MaxText.model import accounting
-from MaxText.model.decoder import abstract_model
 from MaxText.quantization import backends, target as quant_target
+from MaxText.quantization.backends import te as te_backend
 from MaxText.quantization.kernels import quantizer_impl
 from MaxText.runtime import sharding, xla_flags
-from MaxText.trainer import optimizer
+from MaxText.trainer import optimizer, run_setup
 from MaxText.trainer.hooks.profiler import compiled_memory
 from MaxText.trainer.train_step import StepFunctions
 
@@ -84,52 +84,26 @@ def _steady_step(cfg):
 
 
 def abstract_inputs(cfg, mesh, run_shape):
-  """(graphdef, optimizer, shardings of (params, opt_state), the step's abstract arguments) on `mesh`: the
-  parameters, amax histories, optimizer state and batch as jax.ShapeDtypeStruct in their shardings."""
-  graphdef, params, rest = abstract_model(cfg)
-  param_shardings = sharding.param_shardings(params, mesh)
-  replicated = NamedSharding(mesh, P())
+  """(graphdef, optimizer, the state's shardings (params, rest, opt_state), the step's abstract arguments) on `mesh`:
+  the train state exactly as the run builds it (run_setup.abstract_train_state: every leaf in its sharding) and the
+  batch, step and seed key, as jax.ShapeDtypeStruct."""
   tx = optimizer.make_optimizer(cfg)
-  opt_state = jax.eval_shape(tx.init, params)
-  opt_shardings = _optimizer_shardings(opt_state, param_shardings, replicated)
-  shaped = lambda tree, shardings: jax.tree.map(
-    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings
-  )
+  graphdef, state = run_setup.abstract_train_state(cfg, mesh, tx)
+  replicated = NamedSharding(mesh, P())
   batch_sharding = sharding.batch_sharding(mesh)
   rows, length = run_shape.global_batch_size, cfg.max_target_length
-  batch = {
-    field: jax.ShapeDtypeStruct(
-      (rows, length), jnp.float32 if field == "weights" else jnp.int32, sharding=batch_sharding
-    )
-    for field in Batch._fields
-  }
+  dtype = lambda field: jnp.float32 if field == "weights" else jnp.int32
+  batch = {f: jax.ShapeDtypeStruct((rows, length), dtype(f), sharding=batch_sharding) for f in Batch._fields}
   key_type = jax.eval_shape(lambda: jax.random.key(0))
   args = (
-    shaped(params, param_shardings),
-    jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), rest),
-    shaped(opt_state, opt_shardings),
+    state.params,
+    state.rest,
+    state.opt_state,
     batch,
     jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
     jax.ShapeDtypeStruct(key_type.shape, key_type.dtype, sharding=replicated),
   )
-  return graphdef, tx, (param_shardings, opt_shardings), args
-
-
-def _optimizer_shardings(opt_state, param_shardings, replicated):
-  """Each optimizer-state leaf sharded as the parameter it shadows (AdamW's mu and nu), scalars replicated."""
-  by_path = {
-    sharding.param_path(path): s
-    for path, s in jax.tree_util.tree_flatten_with_path(
-      param_shardings, is_leaf=lambda x: isinstance(x, NamedSharding)
-    )[0]
-  }
-
-  def leaf(path, a):
-    name = sharding.param_path(path)
-    match = next((s for p, s in by_path.items() if name.endswith(p)), None)
-    return match if match is not None and a.ndim else replicated
-
-  return jax.tree_util.tree_map_with_path(leaf, opt_state)
+  return graphdef, tx, run_setup.state_shardings(state), args
 
 
 def _backends_used(plan):
@@ -161,9 +135,15 @@ def compile_step(
   run_shape = RunShape.of(cfg, len(devices))
   plan = precision.plan_from_config(cfg)
   sm = gpu.sm if gpu is not None else None
-  named = quant_target.compiling_for(sm, len(devices)) if compile_only else contextlib.nullcontext()
+  named = contextlib.ExitStack()
+  if compile_only:
+    named.enter_context(quant_target.compiling_for(sm, len(devices)))
+    if plan.quantized and sm is not None:
+      named.enter_context(te_backend.compiling_for_sm(sm))  # TE asks the driver, which isn't the target's
+  # Outside the mesh's context: optax's tree_map_params initializes the optimizer eagerly (a jnp.zeros), which no
+  # compile-only device can hold; on the default (host) device it holds nothing that matters.
+  graphdef, tx, state_shardings, args = abstract_inputs(cfg, mesh, run_shape)
   with named, jax.set_mesh(mesh):
-    graphdef, tx, state_shardings, args = abstract_inputs(cfg, mesh, run_shape)
     steps = StepFunctions(cfg, graphdef, tx, plan, state_shardings, seed_key=None)
     _, step_fn = steps.for_step(_steady_step(cfg))
     with jax.default_device(devices[0]):  # Pallas' Triton lowering asks the default device for its GPU
