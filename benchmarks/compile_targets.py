@@ -8,14 +8,16 @@ Rows: the two single-GPU bench configs on h100-1 and b200-1; Llama 3 8B on 8 GB2
 configs/gb200|gb300 presets, two 4-GPU trays of one NVL72 domain, data parallel across them as submit.sh makes a
 2-node job); Llama 3.1 405B on 128 GB300 GPUs (configs/gb300/llama3.1_405b_*.yml: 32 trays of 4, two NVL72 domains
 of 64). Modes: bf16, FP8 (te_fp8_currentscaling) and te_nvfp4 with the backend the target takes (auto: Transformer
-Engine where importable and supported), te_nvfp4 also on the xla backend on Blackwell. Each row is its own
-`python -m MaxText.train_compile` process (memory freed between rows).
+Engine where importable and supported), FP8 also emulated (XLA's own FP8 GEMMs), te_nvfp4 also on the xla backend
+on Blackwell. A row whose step doesn't compile says why in one line (the compiler's or Python's error). Each row is
+its own `python -m MaxText.train_compile` process (memory freed between rows).
 """
 
 import argparse
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,7 @@ GIB = 2**30
 MODES = {
   "bf16": ["quantization="],
   "fp8": ["quantization=te_fp8_currentscaling"],
+  "fp8 emulate": ["quantization=te_fp8_currentscaling", "quantization_backend=emulate"],
   "te_nvfp4": ["quantization=te_nvfp4"],
   "te_nvfp4 xla": ["quantization=te_nvfp4", "quantization_backend=xla"],
 }
@@ -75,9 +78,11 @@ def compile_row(config, target, overrides):
       [*argv, f"compile_report={report}"], cwd=REPO, capture_output=True, text=True, check=False, env=dict(os.environ)
     )
     seconds = time.perf_counter() - start
-    error = next((line for line in done.stderr.splitlines() if line.startswith("error:")), None)
+    lines = done.stderr.splitlines()
+    error = next((line for line in lines if line.startswith("error:")), None)
+    error = error or next((line.strip()[:200] for line in lines if re.match(r"\s*\w+(Error|Exception): ", line)), None)
     if done.returncode not in (0, 2) or not report.exists():
-      return None, error or done.stderr.strip().splitlines()[-1:], seconds
+      return None, error or (lines[-1][:200] if lines else f"exit code {done.returncode}"), seconds
     return json.loads(report.read_text(encoding="utf-8")), error, seconds
 
 

@@ -595,21 +595,43 @@ def _collective_opcode(instr):
 
 
 def collective_info(module, instr, num_devices, devices_per_domain):
-  """{kind, data_bytes (the collective's size: an all-reduce's input, an all-gather's output, a reduce-scatter's
-  input, ...), wire_bytes (what each device sends, ring algorithms), group_size, crosses_domains} of a collective."""
+  """{kind, data_bytes, group_size, domains, nvlink_bytes, network_bytes, wire_bytes} of a collective.
+
+  data_bytes: its size per device (an all-reduce's input, an all-gather's output, a reduce-scatter's input, an
+  all-to-all's or permute's input). What each device sends, bandwidth-optimally (NCCL's rings inside an NVLink
+  domain, one exchange per GPU across domains, every GPU's own NIC busy): a group of n devices over D domains moves
+  an all-gather's or reduce-scatter's S as S (D-1)/n over the network and S (n-D)/n over NVLink (D = 1: the ring's
+  S (n-1)/n; D = n: all of it over the network); an all-reduce twice that; an all-to-all S (n - n/D)/n across and
+  S (n/D - 1)/n inside; a permute S over the link its pairs use."""
   kind = _collective_opcode(instr)
   operand_bytes = sum(a.bytes for arrays_ in module.operand_arrays(instr) for a in arrays_)
   groups = replica_groups(instr, num_devices)
+  domain_of = lambda d: d // devices_per_domain
   if kind == "collective-permute":
-    n = 2 if groups else 1
-    data, wire = operand_bytes, operand_bytes if groups else 0.0
+    crossing = any(domain_of(a) != domain_of(b) for a, b in groups)
+    sent = operand_bytes if groups else 0.0
+    n, domains = 2 if groups else 1, 2 if crossing else 1
+    nvlink, network = (0.0, sent) if crossing else (sent, 0.0)
+    data = operand_bytes
   else:
     n = max(len(g) for g in groups) if groups else 1
+    domains = max(len({domain_of(d) for d in g}) for g in groups) if groups else 1
     data = operand_bytes * (n if kind == "all-gather" else 1)
-    factor = {"all-reduce": 2 * (n - 1) / n, "all-gather": (n - 1) / n}.get(kind, (n - 1) / n) if n > 1 else 0.0
-    wire = data * factor
-  crosses = any(len({d // devices_per_domain for d in g}) > 1 for g in groups)
-  return {"kind": kind, "data_bytes": data, "wire_bytes": wire, "group_size": n, "crosses_domains": crosses}
+    if kind in ("all-to-all", "ragged-all-to-all"):
+      per_domain = n / domains
+      network, nvlink = data * (n - per_domain) / n, data * (per_domain - 1) / n
+    else:
+      times = 2 if kind == "all-reduce" else 1
+      network, nvlink = times * data * (domains - 1) / n, times * data * (n - domains) / n
+  return {
+    "kind": kind,
+    "data_bytes": data,
+    "group_size": n,
+    "domains": domains,
+    "nvlink_bytes": nvlink,
+    "network_bytes": network,
+    "wire_bytes": nvlink + network,
+  }
 
 
 # -- the kernels -------------------------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 (aot/hlo.py): library GEMMs by their FLOPs over an achievable share of the tensor-core peak for their operand type
 (or by their bytes where that is slower), attention by its GEMM FLOPs plus the softmax work on every attention score,
 every other kernel (elementwise, quantizers, copies, XLA's fusions) by the bytes it moves over an achievable share of
-HBM bandwidth, collectives by the bytes each GPU sends over its link (NVLink inside a domain, the NIC across
-domains). Categories add up (no overlap of collectives with compute is assumed: an upper bound where XLA's
-latency-hiding scheduler overlaps them).
+HBM bandwidth, collectives by the bytes each GPU sends over NVLink inside its domain and over its own NIC across
+domains (bandwidth-optimal algorithms: hlo.collective_info). Categories add up (no overlap of collectives with
+compute is assumed: an upper bound where XLA's latency-hiding scheduler overlaps them).
 
 The achievable shares were calibrated once, on one H100's measurements of 2026-11-27 (../shared/gpu/
 H100-2026-11-27.md, benchmarks/results/h100-2026-11-27/): `benchmarks/roofline_calibration.py` fits them and prints
@@ -79,8 +79,8 @@ def kernel_seconds(kernel, gpu, calibration=DEFAULT):
     return max(compute + scores, memory_time)
   if kernel.category == "collective":
     info = kernel.collective
-    link = gpu.network_bytes_per_s if info["crosses_domains"] else gpu.nvlink_bytes_per_s
-    return info["wire_bytes"] / (link * calibration.collective)
+    nvlink = info["nvlink_bytes"] / gpu.nvlink_bytes_per_s
+    return (nvlink + info["network_bytes"] / gpu.network_bytes_per_s) / calibration.collective
   return memory_time
 
 

@@ -226,15 +226,17 @@ def test_collectives_bytes_and_groups():
   size = 64 * 32 * 4
   reduce = kernels["all-reduce-start"].collective
   assert reduce["kind"] == "all-reduce" and reduce["group_size"] == 4 and reduce["data_bytes"] == size
-  assert reduce["wire_bytes"] == size * 2 * 3 / 4  # a ring all-reduce sends 2 (n-1)/n of the data
-  assert not reduce["crosses_domains"]  # groups {0..3}, {4..7}: one NVLink domain each
+  # groups {0..3}, {4..7}: one NVLink domain each; a ring all-reduce sends 2 (n-1)/n of the data
+  assert reduce["domains"] == 1 and reduce["nvlink_bytes"] == size * 2 * 3 / 4 and reduce["network_bytes"] == 0
   gather = kernels["all-gather-start"].collective
-  assert gather["data_bytes"] == 4 * size and gather["wire_bytes"] == 3 * size
-  assert gather["crosses_domains"]  # groups {0,2,4,6}, {1,3,5,7} span both domains
+  # groups {0,2,4,6}, {1,3,5,7}: 2 devices in each domain; of the 4-shard output, one shard comes over the network
+  # (from the peer in the other domain), two over NVLink (the other's and, relayed, the peer's peer's)
+  assert gather["data_bytes"] == 4 * size and gather["domains"] == 2
+  assert gather["network_bytes"] == size and gather["nvlink_bytes"] == 2 * size
   scatter = kernels["reduce-scatter"].collective
-  assert scatter["group_size"] == 2 and scatter["data_bytes"] == 4 * size and scatter["wire_bytes"] == 2 * size
-  permute = kernels["collective-permute-start"].collective
-  assert permute["data_bytes"] == 2 * size and not permute["crosses_domains"]
+  assert scatter["group_size"] == 2 and scatter["data_bytes"] == 4 * size and scatter["nvlink_bytes"] == 2 * size
+  permute = kernels["collective-permute-start"].collective  # {0,1}, {1,0}: inside domain 0; {2,2}: no transfer
+  assert permute["data_bytes"] == 2 * size and permute["nvlink_bytes"] == 2 * size and permute["network_bytes"] == 0
   assert "all-reduce-done" not in kernels and "all-gather-done" not in kernels
   assert hlo.summary(kernels.values())["collectives"] == {
     "all-reduce": size,

@@ -45,12 +45,12 @@ def test_attention_adds_its_per_score_cost_scaled_by_sms_and_clock():
   assert roofline.kernel_seconds(kernel, B200, CAL) == pytest.approx(on_b200)
 
 
-def test_collectives_over_nvlink_or_the_network():
-  inside = _kernel("collective", "all-reduce", collective={"wire_bytes": 9e9, "crosses_domains": False})
-  across = _kernel("collective", "all-reduce", collective={"wire_bytes": 9e9, "crosses_domains": True})
+def test_collectives_over_nvlink_and_the_network():
+  inside = _kernel("collective", "all-reduce", collective={"nvlink_bytes": 9e9, "network_bytes": 0.0})
+  across = _kernel("collective", "all-gather", collective={"nvlink_bytes": 9e9, "network_bytes": 1e9})
   assert roofline.kernel_seconds(inside, GB300, CAL) == pytest.approx(9e9 / 900e9)
-  assert roofline.kernel_seconds(across, GB300, CAL) == pytest.approx(9e9 / 100e9)  # ConnectX-8, 800 Gb/s
-  assert roofline.kernel_seconds(across, H100, CAL) == pytest.approx(9e9 / 50e9)  # ConnectX-7, 400 Gb/s
+  assert roofline.kernel_seconds(across, GB300, CAL) == pytest.approx(9e9 / 900e9 + 1e9 / 100e9)  # ConnectX-8
+  assert roofline.kernel_seconds(across, H100, CAL) == pytest.approx(9e9 / 450e9 + 1e9 / 50e9)  # NVLink 4, CX-7
 
 
 def test_estimate_adds_categories_and_counts_runs():
@@ -58,7 +58,7 @@ def test_estimate_adds_categories_and_counts_runs():
     _kernel("gemm", "bf16", flops=1e12, count=3),
     _kernel("elementwise", "fusion", nbytes=2e9, count=2),
     _kernel("attention", "cudnn", flops=1e12, scores=0.0),
-    _kernel("collective", "all-gather", collective={"wire_bytes": 1e9, "crosses_domains": False}),
+    _kernel("collective", "all-gather", collective={"nvlink_bytes": 1e9, "network_bytes": 0.0}),
   ]
   est = roofline.estimate(kernels, H100, CAL, flops_per_step=2e12, tokens_per_step_per_device=8192)
   ms = est["ms_per_step"]
