@@ -428,6 +428,11 @@ def _is_te(target):
   return target.startswith("te_") or target.startswith("transformer_engine")
 
 
+def _integer(dtypes):
+  """Whether a dot's operands are integers or booleans (no library GEMM takes them: XLA's loop is the only way)."""
+  return bool(dtypes) and all(d == "pred" or d[0] in "su" for d in dtypes)
+
+
 def _library_kind(target):
   """'gemm', 'attention', 'block_scaled' or '' for a custom call target."""
   t = target.lower()
@@ -663,7 +668,7 @@ def classify(module, instr):
     return "elementwise", "custom-call", 0.0, ()
   if opcode in ("dot", "scaled-dot", "convolution"):
     flops, dtypes = _hlo_dot(module, instr)
-    return "gemm", "naive_loop", flops, dtypes
+    return ("elementwise", "integer_dot", flops, dtypes) if _integer(dtypes) else ("gemm", "naive_loop", flops, dtypes)
   if opcode == "fusion":
     body = instr.called("calls")
     dot = _first_dot(module, body)
@@ -676,6 +681,8 @@ def classify(module, instr):
       return "gemm", "triton", flops, dtypes
     if dot is not None:
       flops, dtypes = _hlo_dot(module, dot)
+      if _integer(dtypes):  # index arithmetic (TE's, e.g.), not a GEMM of the model
+        return "elementwise", "integer_dot", flops, dtypes
       return "gemm", "naive_loop", flops, dtypes
     return "elementwise", "fusion", 0.0, ()
   if opcode in ("copy", "copy-start", "transpose"):

@@ -94,6 +94,9 @@ ENTRY %main (w.1: f32[3,64,32], x.1: bf16[16,64], acc.1: f32[3,16,32]) -> f32[3,
   %xf = f32[16,64]{1,0} convert(%x.1)
   %wf = f32[64,32]{1,0} constant({...})
   %loop_naive_fusion = f32[16,32]{1,0} fusion(%xf, %wf), kind=kLoop, calls=%fused_naive
+  %ia = s32[4,8]{1,0} constant({...})
+  %ib = s32[8,2]{1,0} constant({...})
+  %index-dot = s32[4,2]{1,0} dot(%ia, %ib), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   %q = bf16[2,128,4,64]{3,2,1,0} constant({...})
   %k = bf16[2,128,2,64]{3,2,1,0} constant({...})
   %attention = (bf16[2,4,128,64]{3,1,2,0}, f32[2,4,128]{2,1,0}, u8[0]{0}) custom-call(%q, %k, %k), custom_call_target="__cudnn$fmhaSoftmax", backend_config={"cudnn_fmha_backend_config":{"intermediate_tensor_shape":{"element_type":"BF16","dimensions":["2","4","128","128"]},"mask_type":"CAUSAL"}}
@@ -175,6 +178,8 @@ def test_gemm_kinds_and_flops():
   assert kernels["block-scaled"].kind == "fp4_block_scaled"
   assert kernels["block-scaled"].flops == 2 * 16 * 32 * 64
   assert kernels["loop_naive_fusion"].kind == "naive_loop"  # a dot in an ordinary fusion: one thread per output
+  # Integer dots (index arithmetic) have no library GEMM to go to: not GEMMs of the model, not defects.
+  assert (kernels["index-dot"].category, kernels["index-dot"].kind) == ("elementwise", "integer_dot")
   attention = kernels["attention"]
   assert attention.category == "attention"
   assert attention.flops == 4 * 2 * 4 * 128 * 128 * 64 / 2  # causal: half the scores
