@@ -9,7 +9,8 @@ time (its kernels' bytes over that time), then the GEMM share from its GEMM time
 FLOP share and a cost per attention score) from the 8B-layer (head dim 128) and 1B-like (head dim 64) bf16 steps'
 attention times. Everything else is a check: the 8B-layer step's total (296.5 ms measured), remat_policy=full, the
 quantized rows, the 1B-like rows (GEMM and elementwise from the 8B fit alone), and cuDNN attention alone
-(attention bench). It prints the fitted constants and whether roofline.DEFAULT holds them.
+(attention bench). It prints the fitted constants and whether roofline.DEFAULT holds them, and each row's step
+memory as the H100 measured it (XLA's analysis of the executable it ran) beside the compiled figure.
 """
 
 import argparse
@@ -65,13 +66,17 @@ def _categories(profile_categories):
 
 
 def measured_rows():
-  """[(label, config, overrides, {category: ms} or None, total device ms)] of the H100's rows."""
+  """[(label, config, overrides, {category: ms} or None, total device ms, step memory bytes)] of the H100's rows
+  (step memory: XLA's memory analysis of the executable the H100 ran)."""
   rows = []
   attention_part = _read("attention_attention.json")
   step_8b = _read("throughput-8b_throughput-8b.json")
   total_8b = next(m["value"] for m in step_8b["metrics"] if m["name"] == "device time per step")
   categories = {k: {"category": k, "ms_per_step": v} for k, v in attention_part["detail"]["step_categories"].items()}
-  rows.append(("8B-layer bf16", BENCH_8B, ["quantization_kernels=xla"], _categories(categories.values()), total_8b))
+  memory_8b = next(m["value"] for m in step_8b["metrics"] if m["name"] == "step memory" and m["subject"] == "bf16")
+  rows.append(
+    ("8B-layer bf16", BENCH_8B, ["quantization_kernels=xla"], _categories(categories.values()), total_8b, memory_8b)
+  )
   for row in _read("throughput-8b-remat-full.json")["rows"]:
     rows.append(
       (
@@ -80,6 +85,7 @@ def measured_rows():
         ["remat_policy=full", *MODES[row["mode"]]],
         _categories(row["profile"]["categories"]),
         row["device_ms_per_step"],
+        row["peak_memory_bytes"],
       )
     )
   # The 1B-like rows' categories are in the H100 report's table (H100-2026-11-27.md), not in the part's JSON.
@@ -100,14 +106,16 @@ def measured_rows():
         ["quantization_kernels=xla", *MODES[row["mode"]]],
         table_1b.get(row["mode"]),
         row["device_ms_per_step"],
+        row["peak_memory_bytes"],
       )
     )
   return rows
 
 
-def compiled_kernels(config_path, overrides):
+def compiled(config_path, overrides):
+  """The step compiled for h100-1 (aot_step.CompiledStep)."""
   cfg = config.load(config_path, overrides)
-  return aot_step.compile_for_target(cfg, targets.parse("h100-1")).kernels
+  return aot_step.compile_for_target(cfg, targets.parse("h100-1"))
 
 
 def attention_alone_kernels():
@@ -174,11 +182,12 @@ def main(argv=None):
   args = parser.parse_args(argv)
   gpu = targets.GPUS["h100"]
   rows = measured_rows()
-  kernels = {}
-  for label, path, overrides, _, _ in rows:
+  kernels, memory = {}, {}
+  for label, path, overrides, *_ in rows:
     print(f"compiling {label} for h100-1 ...", flush=True)
-    kernels[label] = compiled_kernels(path, overrides)
-  m8, m1 = rows[0][3], next(r[3] for r in rows if r[0] == "1B-like bf16")
+    step = compiled(path, overrides)
+    kernels[label], memory[label] = step.kernels, step.memory["peak_bytes"]
+  m8, m1 = rows[0][3], next(row[3] for row in rows if row[0] == "1B-like bf16")
   fitted = fit(kernels["8B-layer bf16"], m8, kernels["1B-like bf16"], m1, gpu)
   print(
     f"\nfit: gemm {fitted.gemm:.4f}, memory {fitted.memory:.4f}, attention {fitted.attention:.4f}, "
@@ -189,10 +198,10 @@ def main(argv=None):
   out = []
   print(
     "\n| row (H100, measured 2026-11-27) | measured ms: gemm / elementwise / attention / total | estimate ms "
-    "| est/meas |"
+    "| est/meas | step memory, measured / compiled (bytes) |"
   )
-  print("|---|---|---|---|")
-  for label, _, _, meas, total in rows:
+  print("|---|---|---|---|---|")
+  for label, _, _, meas, total, measured_memory in rows:
     est = by_category(kernels[label], gpu, roofline.DEFAULT)
     est_total = sum(est.values())
     ratios = [f"{est[c] / meas[c]:.2f}" for c in CATEGORIES] if meas else ["-"] * 3
@@ -200,15 +209,24 @@ def main(argv=None):
     print(
       f"| {label} | {meas_text} / {total:.1f} | "
       + " / ".join(f"{est[c]:.1f}" for c in CATEGORIES)
-      + f" / {est_total:.1f} | {' / '.join(ratios)} / {est_total / total:.2f} |"
+      + f" / {est_total:.1f} | {' / '.join(ratios)} / {est_total / total:.2f} | "
+      + f"{int(measured_memory):,} / {memory[label]:,} ({memory[label] - measured_memory:+,.0f}) |"
     )
     out.append(
-      {"row": label, "measured": meas, "measured_total_ms": total, "estimate": est, "estimate_total_ms": est_total}
+      {
+        "row": label,
+        "measured": meas,
+        "measured_total_ms": total,
+        "estimate": est,
+        "estimate_total_ms": est_total,
+        "measured_step_memory_bytes": measured_memory,
+        "compiled_step_memory_bytes": memory[label],
+      }
     )
   alone = attention_alone_kernels()
   alone_ms = by_category(alone, gpu, roofline.DEFAULT)["attention"]
   bench = next(m["value"] for m in _read("attention_attention.json")["metrics"] if m["subject"] == "cudnn")
-  print(f"| cuDNN attention alone, one 8B layer fwd+bwd | {bench:.2f} | {alone_ms:.2f} | {alone_ms / bench:.2f} |")
+  print(f"| cuDNN attention alone, one 8B layer fwd+bwd | {bench:.2f} | {alone_ms:.2f} | {alone_ms / bench:.2f} | |")
   out.append({"row": "cudnn attention alone", "measured_total_ms": bench, "estimate_total_ms": alone_ms})
   if args.json:
     pathlib.Path(args.json).write_text(

@@ -128,7 +128,9 @@ def train_compile_memory(cfg):
 
 def measure_in_processes(config_path, overrides, modes, steps, warmup, out_dir, profile_steps=0, gpu_xla_flags=True):
   """measure(), each mode in a fresh process of this script (a mode's buffers never sit under the next's, as they
-  did on the H100 of 11-27: two quantized modes out of memory behind bf16's state); the ratios to the first."""
+  did on the H100 of 11-27: two quantized modes out of memory behind bf16's state); the ratios to the first. Every
+  mode's config is checked here first, before any trains."""
+  modes_lib.load_configs(config_path, list(overrides), modes)
   rows = []
   for mode in modes:
     with tempfile.TemporaryDirectory() as tmp:
