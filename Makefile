@@ -1,10 +1,10 @@
 # `make train` (set up and train llama3_tiny with NVFP4 MLP GEMMs), `make compare` (the same against BF16,
-# loss curves and table), `make test` and `make lint` (ruff, pinned in requirements-dev.txt).
+# loss curves and table), `make test`, `make lint` (ruff, pinned in requirements-dev.txt) and `make docs` (the site).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup data data-english train compare test test-all lint bench gpu-bench clean te test-te train-compile
+.PHONY: setup data data-english train compare test test-all lint docs bench gpu-bench clean te test-te train-compile
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +49,17 @@ lint: $(VENV)/.lint-installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# Transformer Engine for lowering on a CPU machine (scripts/te/build.sh; README's "Transformer Engine").
+# The documentation site (docs/, Sphinx + MyST) into docs/_build/html, warnings as errors on a fresh environment; its
+# tools, pinned in requirements-docs.txt, go into .venv on first use (docs/development.md: "The documentation site").
+$(VENV)/.docs-installed: requirements-docs.txt | $(VENV)/.installed
+	$(PY) -m pip install --quiet -r requirements-docs.txt
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(PY) -m sphinx -W --keep-going -n -E -q -b html docs docs/_build/html
+	@echo "docs: docs/_build/html/index.html"
+
+# Transformer Engine for lowering on a CPU machine (scripts/te/build.sh; docs/precision/transformer-engine.md).
 te:
 	@PYTHON=$(PYTHON) scripts/te/build.sh
 
@@ -70,4 +80,4 @@ gpu-bench:
 	scripts/gpu_bench.sh $(ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-te outputs data .pytest_cache
+	rm -rf $(VENV) .venv-te outputs data .pytest_cache docs/_build docs/_generated

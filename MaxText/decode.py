@@ -9,6 +9,8 @@ decode_output_file (JSONL). The model runs the config's precision plan (quantiza
 it was trained with, no stochastic rounding).
 """
 
+import contextlib
+import functools
 import json
 import os
 import pathlib
@@ -22,7 +24,7 @@ from MaxText.checkpointing import parameters
 from MaxText.inference import sampling
 from MaxText.model.decoder import abstract_model
 from MaxText.runtime import distributed, sharding
-from MaxText.errors import UserError
+from MaxText.errors import STORAGE_ERRNOS, UserError
 from MaxText.inference.generate import Generator
 from MaxText.trainer.run import matmul_precision
 
@@ -55,6 +57,10 @@ def read_prompts(cfg):
     lines = [l for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
   except FileNotFoundError:
     raise UserError(f"prompts_file={path}: no such file") from None
+  except OSError as e:  # a directory, no permission, ...
+    raise UserError(
+      f"prompts_file={path}: can't read it ({e.strerror or e}); give a text file, one prompt per line"
+    ) from None
   except UnicodeDecodeError as e:
     raise UserError(f"prompts_file={path}: not UTF-8 text (byte {e.start})") from None
   if not lines:
@@ -75,18 +81,20 @@ def encode_prompts(cfg, tokenizer, prompts):
   return ids
 
 
-def load_params(cfg, params_template):
-  """load_parameters_path, else the newest checkpoint of the config's run."""
+def load_params(cfg, params_template, log=print):
+  """load_parameters_path, else the newest readable checkpoint of the config's run."""
   if cfg.load_parameters_path:
     return parameters.load(cfg, cfg.load_parameters_path, params_template), cfg.load_parameters_path
   run_dir = pathlib.Path(cfg.base_output_directory) / cfg.run_name if cfg.run_name else None
-  step_dir = parameters.newest_step_dir(run_dir) if run_dir else None
-  if step_dir is None:
+  restore = functools.partial(checkpointing.restore_params, params_template=params_template)
+  found = parameters.read_newest(run_dir, restore, log) if run_dir else None
+  if found is None:
     raise UserError(
       "nothing to decode: set load_parameters_path (a checkpoint step or Hugging Face directory, or an "
       "import's config.yml sets it) or run_name of a run with checkpoints"
     )
-  return checkpointing.restore_params(step_dir, params_template), step_dir
+  step_dir, params = found
+  return params, step_dir
 
 
 def _decode_plan(cfg):
@@ -109,15 +117,17 @@ def write_jsonl(path, records):
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     tmp.replace(path)
   except OSError as e:
-    tmp.unlink(missing_ok=True)
-    raise UserError(f"decode_output_file={path}: can't write it ({e.strerror or e})") from None
+    with contextlib.suppress(OSError):  # the failure to say is the write's
+      tmp.unlink(missing_ok=True)
+    advice = STORAGE_ERRNOS.get(e.errno, "give a file in a directory you can write")
+    raise UserError(f"decode_output_file={path}: can't write it ({e.strerror or e}): {advice}") from None
 
 
 def decode(cfg, log=print):
   """The JSONL records of every prompt's completion (MaxText's `Input ... -> ...` lines printed as they come)."""
   check_decode_keys(cfg)
   prompts = read_prompts(cfg)
-  tokenizer = data.tokenizers.load(cfg.tokenizer_type, cfg.tokenizer_path, cfg.vocab_size)
+  tokenizer = data.tokenizers.load(cfg.tokenizer_type, cfg.tokenizer_path, cfg.vocab_size, cfg.add_bos)
   prompt_ids = encode_prompts(cfg, tokenizer, prompts)
   plan = _decode_plan(cfg)
   distributed.initialize(cfg)
@@ -128,7 +138,7 @@ def decode(cfg, log=print):
   with jax.set_mesh(mesh), matmul_precision(cfg):
     shardings = sharding.param_shardings(abstract_params, mesh)
     template = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params, shardings)
-    params, source = load_params(cfg, template)
+    params, source = load_params(cfg, template, log)
     log(
       f"decoding {len(prompts)} prompt(s) with the parameters of {source}, batch {batch}, "
       f"{cfg.decode_sampling_strategy} sampling, plan: {cfg.quantization or 'bf16'} MLP GEMMs"

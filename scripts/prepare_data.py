@@ -197,6 +197,13 @@ def parse_args(argv):
   )
   parser.add_argument("--tokenizer-path", type=absolute_path, default="")
   parser.add_argument(
+    "--add-bos",
+    choices=("auto", "true", "false"),
+    default="auto",
+    help="--pretokenize: start every document with BOS (the add_bos key; auto: as the tokenizer says, BOS for a "
+    "trained one; give an imported checkpoint's config.yml add_bos here)",
+  )
+  parser.add_argument(
     "--pretokenize",
     action="store_true",
     help="store int32 token ids instead of text (then train with grain_record_format=token_ids)",
@@ -249,7 +256,7 @@ def main(argv=None):
 
   if not args.train_tokenizer:  # a wrong tokenizer is found before any download
     try:
-      tokenizers.load(args.tokenizer_type or "byte", args.tokenizer_path)
+      tokenizers.load(args.tokenizer_type or "byte", args.tokenizer_path, add_bos=args.add_bos)
     except tokenizers.TokenizerError as e:
       fail(str(e))
   out = _output_dir(args.output)
@@ -272,7 +279,7 @@ def main(argv=None):
     train_bpe(train_docs, args.train_tokenizer, tokenizer_path)
     tokenizer_type = tokenizer_type or "huggingface"
   try:
-    tok = tokenizers.load(tokenizer_type or "byte", tokenizer_path)
+    tok = tokenizers.load(tokenizer_type or "byte", tokenizer_path, add_bos=args.add_bos)
   except tokenizers.TokenizerError as e:
     fail(str(e))
   train_ids = [tok.encode(d) for d in progress(train_docs, desc="tokenizing", unit="doc")]
@@ -281,12 +288,7 @@ def main(argv=None):
   if args.pretokenize:
     import numpy as np  # pylint: disable=import-outside-toplevel
 
-    encode = lambda d: np.asarray(
-      ([tok.bos_id] if tok.bos_id is not None else [])
-      + tok.encode(d)
-      + ([tok.eos_id] if tok.eos_id is not None else []),
-      np.int32,
-    ).tobytes()
+    encode = lambda d: np.asarray(tok.encode_document(d), np.int32).tobytes()
   else:
     encode = lambda d: d.encode("utf-8")
   for old in out.glob("*.array_record"):
@@ -306,6 +308,7 @@ def main(argv=None):
     "train_tokens": train_tokens,
     "unigram_entropy_nats": entropy,
     "record_format": "token_ids" if args.pretokenize else "text",
+    **({"starts_with_bos": bool(tok.start_ids)} if args.pretokenize else {}),
   }
   (out / "metadata.json").write_text(json.dumps(metadata, indent=1) + "\n", encoding="utf-8")
   print(

@@ -1,13 +1,15 @@
 """Run outputs on a URL: an fsspec filesystem (memory://) takes the run directory and metrics.jsonl; a scheme whose
 package is missing, or that the checkpoint or TensorBoard libraries can't write, is one line before anything is
-written; file:// is a local path."""
+written; file:// is a local path. Storage faults (a full disk, a file-size limit, a quota, permissions, a name too
+long), from the operating system or TensorStore, are one line on every command line (cli.run)."""
 
+import errno
 import json
 
 import fsspec
 import pytest
 
-from MaxText import config, storage, train
+from MaxText import cli, config, storage, train
 from MaxText.errors import UserError
 from tests.conftest import REPO
 from tests.trainer.test_train import SMALL
@@ -70,3 +72,58 @@ def test_file_urls_are_local_paths(tmp_path):
   cfg = config.load(None, [f"base_output_directory=file://{tmp_path}/runs", "load_parameters_path=file:///x/3"])
   assert (cfg.base_output_directory, cfg.load_parameters_path) == (f"{tmp_path}/runs", "/x/3")
   assert config.load(None, ["base_output_directory=gs://b/runs"]).base_output_directory == "gs://b/runs"
+
+
+_TS_EFBIG = (
+  'OUT_OF_RANGE: Error writing local file "/d/x/0.0": Failed writing: "/d/x/0.0.__lock": Failed to write 28672 '
+  "bytes to file 6: File too large [os_error_code='27'] [source locations='tensorstore/internal/os/file_util.cc:1']"
+)
+
+
+def _chained(outer, inner):
+  try:
+    raise inner
+  except OSError:
+    try:
+      raise outer  # pylint: disable=raise-missing-from  (raised while handling, as library code does)
+    except RuntimeError as e:
+      return e
+
+
+@pytest.mark.parametrize(
+  "error, line",
+  [
+    (OSError(errno.ENOSPC, "No space left on device", "/d/f"), "/d/f: No space left on device: the filesystem is full"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded", "/d/f"), "/d/f: Disk quota exceeded: your disk quota is used up"),
+    (OSError(errno.EFBIG, "File too large", "/d/f"), "/d/f: File too large: the file outgrew the file-size limit"),
+    (PermissionError(errno.EACCES, "Permission denied", "/d"), "/d: Permission denied: fix its permissions"),
+    (OSError(errno.EROFS, "Read-only file system", "/m/f"), "/m/f: Read-only file system: the filesystem is read-only"),
+    (OSError(errno.ENAMETOOLONG, "File name too long", "/x"), "/x: File name too long: shorten the name"),
+    (ValueError(_TS_EFBIG), "/d/x/0.0: File too large: the file outgrew the file-size limit (ulimit -f)"),
+    (ValueError("RESOURCE_EXHAUSTED: Error writing file: [OS error: 28]"), "a file: No space left on device: the"),
+    (_chained(RuntimeError("the writer failed"), OSError(errno.ENOSPC, "No space", "/d/g")), "/d/g: No space"),
+  ],
+)
+def test_a_storage_fault_anywhere_is_one_line_on_every_command_line(capsys, error, line):
+  def command(argv):
+    raise error
+
+  assert cli.run("doc", ["x"], command) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: {line}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+  "error",
+  [
+    OSError(errno.EBADF, "Bad file descriptor"),  # a bug, not the storage
+    ValueError('OUT_OF_RANGE: Error reading "a" in OCDBT database: Requested byte range [5, 9) is not valid'),
+    ValueError("could not convert string to float: '10k'"),
+  ],
+)
+def test_anything_else_stays_a_traceback(error):
+  def command(argv):
+    raise error
+
+  with pytest.raises(type(error)):
+    cli.run("doc", ["x"], command)

@@ -5,11 +5,14 @@ from MaxText.checkpointing.checkpointer import (
   DATA_KEYS,
   CheckpointError,
   Checkpointer,
+  UnreadableCheckpoint,
   meta_record,
+  newest_readable,
   read_meta,
   restore_params,
   restore_step_dir,
   settings_difference,
+  step_numbers,
   structure_difference,
 )
 
@@ -17,10 +20,13 @@ __all__ = [
   "DATA_KEYS",
   "CheckpointError",
   "Checkpointer",
+  "UnreadableCheckpoint",
   "meta_record",
+  "newest_readable",
   "read_meta",
   "restore_params",
   "restore_step_dir",
   "settings_difference",
+  "step_numbers",
   "structure_difference",
 ]

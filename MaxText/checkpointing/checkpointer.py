@@ -25,7 +25,7 @@ import warnings
 import jax
 import orbax.checkpoint as ocp
 
-from MaxText import config, storage
+from MaxText import config, errors, storage
 from MaxText.errors import UserError
 
 
@@ -34,6 +34,59 @@ TMP_MARK = ".orbax-checkpoint-tmp"  # in the name of a step directory Orbax has 
 
 class CheckpointError(UserError):
   """No usable checkpoint where one is expected, or one that can't be written: a user or environment error."""
+
+
+class UnreadableCheckpoint(CheckpointError):
+  """A checkpoint step that is there but can't be read (damaged or truncated files, a junk directory): where a run's
+  checkpoints are listed, the previous one serves instead (newest_readable). `reason`: the cause in a few words."""
+
+  def __init__(self, step_dir, reason, message=None):
+    self.step_dir, self.reason = step_dir, reason
+    hint = _another_step(pathlib.Path(str(step_dir)))
+    super().__init__(
+      message
+      or f"checkpoint {step_dir} is unreadable ({reason}): it is damaged or incomplete; "
+      f"{hint or 'write it again (train, or import) or use another checkpoint'}"
+    )
+
+  @classmethod
+  def of(cls, step_dir, e):
+    """The UnreadableCheckpoint that reading `step_dir` failing with `e` (Orbax's, TensorStore's) is."""
+    return cls(step_dir, _reason(e))
+
+
+def _another_step(step_dir):
+  """'point at another step of its run: .../2 (or 1)', or None where its run has no other step."""
+  others = [s for s in reversed(step_numbers(step_dir.parent)) if str(s) != step_dir.name.split(".")[0]]
+  if not others:
+    return None
+  rest = f" (or {', '.join(map(str, others[1:4]))}{', ...' if len(others) > 4 else ''})" if len(others) > 1 else ""
+  return f"point at another step of its run: {step_dir.parent / str(others[0])}{rest}"
+
+
+def step_numbers(directory):
+  """The steps of a checkpoints directory (its entries named by a number), in order; [] where there is none."""
+  try:
+    return sorted(int(p.name) for p in pathlib.Path(directory).iterdir() if p.name.isdigit() and p.is_dir())
+  except OSError:
+    return []
+
+
+def newest_readable(directory, steps, read, *, log=print, if_none="move the directory away"):
+  """(step, read(step), [the newer steps that were unreadable]) for the newest of `steps` that `read` can read:
+  each newer one `read` finds unreadable (UnreadableCheckpoint) is said in one line and skipped, as a resuming run
+  does. None without steps; CheckpointError (ending in `if_none`) when none is readable. Any other error of `read`
+  (a checkpoint of another model) stops the search."""
+  failures = []
+  for step in reversed(sorted(steps)):
+    try:
+      return step, read(step), failures
+    except UnreadableCheckpoint as e:
+      failures.append(step)
+      log(f"warning: checkpoint {directory}/{step} is unreadable ({e.reason}); trying the previous one")
+  if failures:
+    raise CheckpointError(f"no readable checkpoint in {directory} (tried steps {failures}); {if_none}")
+  return None
 
 
 # Settings a checkpoint's data position and state depend on: resuming under others is refused.
@@ -68,13 +121,24 @@ _OS_FAULTS = re.compile(
 )
 
 
+_TENSORSTORE_STATUS = re.compile(r"^[A-Z][A-Z_]+: ")
+_TENSORSTORE_NOISE = re.compile(r"\s*\[(source locations|os_error_code|tensorstore_spec)=[^\]]*\]")
+
+
 def _reason(e):
-  """The cause in a few words: the operating system's where Orbax/tensorstore wrap one, else the first line."""
-  message = str(e).strip()
-  fault = _OS_FAULTS.search(message)
-  if fault:
-    return fault.group(0)
-  return message.splitlines()[0][:200] if message else type(e).__name__
+  """The cause in a few words: the operating system's where Orbax/tensorstore wrap one, else TensorStore's status
+  message (Orbax's wrappers print a bound method's repr instead), else the first line."""
+  chain = errors.exception_chain(e)
+  for link in chain:
+    fault = _OS_FAULTS.search(str(link))
+    if fault:
+      return fault.group(0)
+  for link in chain:
+    message = str(link).strip()
+    if _TENSORSTORE_STATUS.match(message):
+      return _TENSORSTORE_NOISE.sub("", message.splitlines()[0])[:300]
+  message = str(e).strip().split(" See full TensorStore details")[0]
+  return message.splitlines()[0][:300] if message else type(e).__name__
 
 
 def _array_names(tree):
@@ -262,35 +326,35 @@ class Checkpointer:
     readable one at all. Orbax's tracebacks from the failed reads go to
     `<run dir>/checkpoint_errors.log`, not stderr.
     """
-    failures = []
     with _kept_in(self._log_path) as log, contextlib.redirect_stderr(log), _logger_to("absl", log):
-      for step in reversed(self.steps()):
-        self._check_compatible(step, state_template)
-        try:
-          restored = self._restore(step, state_template)
-        except Exception as e:  # orbax/tensorstore raise many types for damaged files
-          traceback.print_exception(e, file=log)
-          _late_noise_to(self._log_path)
-          if "not compatible with the stored shape" in str(e):
-            raise CheckpointError(
-              f"checkpoint {self.directory}/{step} holds another model shape "
-              f"({_shape_mismatch(str(e))}): resume with the config it was trained with, or "
-              "pick another run_name"
-            ) from None
-          failures.append(step)
-          print(
-            f"warning: checkpoint {self.directory}/{step} is unreadable ({_reason(e)}); trying the previous one",
-            flush=True,
-          )
-          continue
-        self._set_aside(failures)
-        return step, restored["state"], dict(restored["data"] or {})
-    if failures:
-      raise CheckpointError(
-        f"no readable checkpoint in {self.directory} (tried steps {failures}); move the "
-        "directory away (or pick another run_name) to start from step 0"
+      found = newest_readable(
+        self.directory,
+        self.steps(),
+        lambda step: self._read(step, state_template, log),
+        log=lambda line: print(line, flush=True),
+        if_none="move the directory away (or pick another run_name) to start from step 0",
       )
-    return None
+      if found is None:
+        return None
+      step, restored, failures = found
+      self._set_aside(failures)
+      return step, restored["state"], dict(restored["data"] or {})
+
+  def _read(self, step, state_template, log):
+    """The restored items of checkpoint `step`; UnreadableCheckpoint where its files can't be read."""
+    self._check_compatible(step, state_template)
+    try:
+      return self._restore(step, state_template)
+    except Exception as e:  # orbax/tensorstore raise many types for damaged files
+      traceback.print_exception(e, file=log)
+      _late_noise_to(self._log_path)
+      if "not compatible with the stored shape" in str(e):
+        raise CheckpointError(
+          f"checkpoint {self.directory}/{step} holds another model shape "
+          f"({_shape_mismatch(str(e))}): resume with the config it was trained with, or "
+          "pick another run_name"
+        ) from None
+      raise UnreadableCheckpoint.of(self.directory / str(step), e) from None
 
   def _set_aside(self, failures):
     for bad in failures:
@@ -349,7 +413,7 @@ def _late_noise_to(path):
   traceback from a background thread (and coroutines never awaited, warned about at exit); they belong
   in the log, not around the one line the user needs. Later warnings of the process go there too.
   """
-  log = open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with  (kept open: written until exit)
+  log = _AppendOnWrite(path)
   sys.unraisablehook = lambda u: traceback.print_exception(u.exc_value, file=log)
   threading.excepthook = lambda a: traceback.print_exception(a.exc_value, file=log)
   warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: log.write(
@@ -358,6 +422,23 @@ def _late_noise_to(path):
   asyncio_logger = logging.getLogger("asyncio")  # "Task exception was never retrieved", at garbage collection
   asyncio_logger.addHandler(logging.StreamHandler(log))
   asyncio_logger.propagate = False
+
+
+class _AppendOnWrite:
+  """A text file appended to, opened (and its directory made) at the first write: no empty log files."""
+
+  def __init__(self, path):
+    self.path, self._file = pathlib.Path(path), None
+
+  def write(self, text):
+    if self._file is None:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      self._file = open(self.path, "a", encoding="utf-8")  # pylint: disable=consider-using-with  (until exit)
+    return self._file.write(text)
+
+  def flush(self):
+    if self._file is not None:
+      self._file.flush()
 
 
 class _LogFileHandler(logging.Handler):
@@ -425,10 +506,19 @@ def quiet_item_access():
 
 
 def state_metadata(step_dir):
-  """The tree metadata of a checkpoint's state item (shapes, dtypes, names; no array is read)."""
-  with quiet_item_access():
-    metadata = ocp.StandardCheckpointer().metadata(checkpoint_path(step_dir) / "state")
-  return getattr(metadata, "item_metadata", metadata)
+  """The tree metadata of a checkpoint's state item (shapes, dtypes, names; no array is read); UnreadableCheckpoint
+  where there is none to read (Orbax returns None for damaged files and for an empty directory alike)."""
+  step_dir = check_step_dir(step_dir)
+  try:
+    with quiet_item_access():
+      metadata = ocp.StandardCheckpointer().metadata(step_dir / "state")
+  except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many types for damaged files)
+    raise UnreadableCheckpoint(step_dir, f"its metadata can't be read: {_reason(e)}") from None
+  metadata = getattr(metadata, "item_metadata", metadata)
+  if metadata is None or not jax.tree.leaves(metadata):
+    empty = not any((step_dir / "state").iterdir())
+    raise UnreadableCheckpoint(step_dir, "its state directory is empty" if empty else "its metadata can't be read")
+  return metadata
 
 
 def _stored_names(step_dir):
@@ -460,16 +550,73 @@ def read_meta(step_dir):
   return dict(ocp.JsonCheckpointHandler().restore(step_dir / "meta") or {}) if (step_dir / "meta").is_dir() else {}
 
 
+def check_step_dir(step_dir):
+  """`step_dir` as checkpoint_path gives it, if it is a checkpoint step directory: CheckpointError naming what it
+  is instead (an unfinished save, MaxText's layout), UnreadableCheckpoint where it has no state item."""
+  step_dir = checkpoint_path(step_dir)
+  if TMP_MARK in step_dir.name:
+    raise CheckpointError(
+      f"{step_dir} is a checkpoint Orbax had not finished writing (a save that was interrupted or failed; the next "
+      f"training run removes it); {_another_step(step_dir) or 'point at a complete checkpoint step'}"
+    )
+  if not (step_dir / "state").is_dir() and (step_dir / "items").is_dir():
+    raise CheckpointError(
+      f"{step_dir} is a MaxText checkpoint (<step>/items), whose parameter tree differs from ours; start from the "
+      "Hugging Face weights instead (python -m MaxText.convert_hf to-maxtext, or load_parameters_path=<HF dir>)"
+    )
+  if not (step_dir / "state").is_dir():
+    raise UnreadableCheckpoint(
+      step_dir,
+      "it has no state item",
+      f"{step_dir} is not a checkpoint step directory (no {step_dir.name}/state; point at <run dir>/checkpoints/"
+      "<step> or an import's checkpoints/0) nor a Hugging Face model directory (config.json beside *.safetensors)",
+    )
+  return step_dir
+
+
+def _noise_log(step_dir):
+  """Where Orbax's leftover tracebacks of a failed read go for a command that only reads (decode, convert_hf): a
+  file in the temporary directory named after the run (a command that only reads leaves the run's files as they
+  are)."""
+  name = re.sub(r"[^A-Za-z0-9._-]+", "_", str(checkpoint_path(step_dir).parent.parent))
+  return pathlib.Path(tempfile.gettempdir()) / "maxtext_checkpoint_errors" / f"{name}.log"
+
+
+@functools.cache
+def _closed_loop_noise_to(path):
+  """From now on, the tracebacks of TensorStore callbacks that hit Orbax's closed event loop (after a read that
+  failed, even one Orbax swallowed: its metadata() returns None for damaged files) go to the log at `path`; other
+  unraisable exceptions are printed as before."""
+  previous, log = sys.unraisablehook, _AppendOnWrite(path)
+
+  def hook(unraisable):
+    if isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value):
+      traceback.print_exception(unraisable.exc_value, file=log)
+    else:
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+
+
+@contextlib.contextmanager
+def reading(step_dir):
+  """Around a read-only command's reads of checkpoint `step_dir`: what Orbax's threads print after a failed read
+  (tracebacks of callbacks on a closed event loop, from other threads, at any time) goes to a log (_noise_log), not
+  around the one line the user needs."""
+  _closed_loop_noise_to(_noise_log(step_dir))
+  try:
+    yield
+  except BaseException:
+    _late_noise_to(_noise_log(step_dir))
+    raise
+
+
 def restore_step_dir(path, state_template):
   """(state, data_state, step) from one checkpoint step directory (load_full_state_path / load_parameters_path).
 
   The step comes from the checkpoint's meta item, else from a directory named by it, else None.
   """
-  path = checkpoint_path(path)
-  if not (path / "state").is_dir():
-    raise CheckpointError(
-      f"{path} is not a checkpoint step directory (no {path.name}/state); point at <run dir>/checkpoints/<step>"
-    )
+  path = check_step_dir(path)
   try:
     state = ocp.StandardCheckpointer().restore(
       path / "state", jax.tree.map(ocp.utils.to_shape_dtype_struct, state_template)
@@ -477,7 +624,7 @@ def restore_step_dir(path, state_template):
     data_state = ocp.JsonCheckpointHandler().restore(path / "data") if (path / "data").is_dir() else {}
     meta = read_meta(path)
   except Exception as e:
-    raise CheckpointError(f"can't read checkpoint {path}: {_reason(e)}") from e
+    raise UnreadableCheckpoint.of(path, e) from e
   step = (meta or {}).get("step")
   if step is None and path.name.isdigit():
     step = int(path.name)
@@ -486,35 +633,24 @@ def restore_step_dir(path, state_template):
 
 def restore_params(step_dir, params_template):
   """The parameters of checkpoint `step_dir` (<...>/checkpoints/<step>), typed and sharded like `params_template`
-  (stored bf16 becomes the template's f32); the rest of the checkpoint is not read."""
-  step_dir = checkpoint_path(step_dir)
-  state = step_dir / "state"
-  if not state.is_dir() and (step_dir / "items").is_dir():
-    raise CheckpointError(
-      f"{step_dir} is a MaxText checkpoint (<step>/items), whose parameter tree differs from ours; start from the "
-      "Hugging Face weights instead (python -m MaxText.convert_hf to-maxtext, or load_parameters_path=<HF dir>)"
-    )
-  if not state.is_dir():
-    raise CheckpointError(
-      f"{step_dir} is not a checkpoint step directory (no {step_dir.name}/state; point at <run dir>/checkpoints/"
-      "<step> or an import's checkpoints/0) nor a Hugging Face model directory (config.json beside *.safetensors)"
-    )
-  target = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, params_template)}
-  try:
+  (stored bf16 becomes the template's f32); the rest of the checkpoint is not read. UnreadableCheckpoint for
+  damaged files, CheckpointError for another model's checkpoint."""
+  with reading(step_dir):
+    step_dir = check_step_dir(step_dir)
+    target = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, params_template)}
     stored = {n for n in _stored_names(step_dir) if n.startswith("params.")}
-  except Exception as e:  # unreadable metadata
-    raise CheckpointError(f"can't read checkpoint {step_dir}: {_reason(e)}") from None
-  difference = structure_difference(stored, target)
-  if difference:
-    raise CheckpointError(f"checkpoint {step_dir} can't start this config: {difference}")
-  args = ocp.args.PyTreeRestore(
-    item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
-  )
-  try:
-    with quiet_item_access(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
-      restored = checkpointer.restore(state, args=args)
-  except Exception as e:  # damaged files, shapes of another model
-    message = str(e)
-    reason = _shape_mismatch(message) if "not compatible with the stored shape" in message else _reason(e)
-    raise CheckpointError(f"can't load parameters from {step_dir}: {reason}") from None
-  return restored["params"]
+    difference = structure_difference(stored, target)
+    if difference:
+      raise CheckpointError(f"checkpoint {step_dir} can't start this config: {difference}")
+    args = ocp.args.PyTreeRestore(
+      item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
+    )
+    try:
+      with quiet_item_access(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+        restored = checkpointer.restore(step_dir / "state", args=args)
+    except Exception as e:  # damaged files, shapes of another model
+      message = str(e)
+      if "not compatible with the stored shape" in message:
+        raise CheckpointError(f"can't load parameters from {step_dir}: {_shape_mismatch(message)}") from None
+      raise UnreadableCheckpoint.of(step_dir, e) from None
+    return restored["params"]

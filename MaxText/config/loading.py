@@ -27,7 +27,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _load_yaml(path: pathlib.Path, seen=()):
-  """[(key, value, where, is_defaults)] of a YAML file after those of the files it inherits (base_config) in order.
+  """[(key, raw value, where, is_defaults)] of a YAML file after those of the files it inherits (base_config) in
+  order. Values are read by the schema in `load`, once it knows which one wins.
 
   A file named base.yml is the defaults layer, as MaxText's base.yml: beneath a named model's definition. Every other
   file sets its keys above it, like the command line."""
@@ -54,7 +55,7 @@ def _load_yaml(path: pathlib.Path, seen=()):
   for name, value in raw.items():
     name = _known(name, str(path), value)
     if name is not None:
-      entries.append((name, coerce(name, value, str(path)), str(path), path.name == "base.yml"))
+      entries.append((name, value, str(path), path.name == "base.yml"))
   return entries
 
 
@@ -147,9 +148,13 @@ def load(config_path=None, overrides=()):
   if config_path is not None:
     entries = _load_yaml(pathlib.Path(os.path.expanduser(str(compat.config_path(config_path)))))
   for name, raw in parse_overrides(overrides).items():
-    entries.append((name, coerce(name, raw, "command line"), "command line", False))
-  defaults = {n: v for n, v, _, is_defaults in entries if is_defaults}
+    entries.append((name, raw, "command line", False))
+  # Only the value that wins is read and checked (a later file or the command line overrides an earlier value, bad
+  # or not, as in MaxText); an error names where the winning value was given.
+  defaults = {n: (v, where) for n, v, where, is_defaults in entries if is_defaults}
   explicit = {n: (v, where) for n, v, where, is_defaults in entries if not is_defaults}
+  explicit = {n: (coerce(n, v, where), where) for n, (v, where) in explicit.items()}
+  defaults = {n: coerce(n, v, where) for n, (v, where) in defaults.items() if n not in explicit}
   values.update(defaults)
   values.update({n: v for n, (v, _) in explicit.items() if n in ("model_name", "override_model_config")})
   values.update(_model(values, explicit) or {})

@@ -347,6 +347,15 @@ SCHEMA = {
     ("byte", "huggingface", "tiktoken", "sentencepiece"),
   ),
   "tokenizer_path": Key(str, "", "the tokenizer file (not needed for byte)"),
+  "add_bos": Key(
+    str,
+    "auto",
+    "start every prompt (decode) and document (text data) with BOS: true, false, or auto (as the tokenizer says: "
+    "a tokenizer.json's post-processor, else BOS where the vocabulary has one; an imported checkpoint's config.yml "
+    "records what transformers does with its tokenizer files); MaxText's key, there a bool",
+    ("auto", "true", "false"),
+    aliases=(("True", "true"), ("False", "false")),
+  ),
   # -- Hugging Face datasets (dataset_type=hf; MaxText's keys), streamed as MaxText streams them
   "hf_path": Key(
     str, "", "hf: the dataset: a Hub id (allenai/c4) or a builder for files (parquet, json, arrow, csv, text)"
@@ -385,7 +394,7 @@ SCHEMA = {
   "prompt": Key(
     str,
     "I love to",
-    "decode: the prompt, encoded as the tokenizer encodes it (a tokenizer.json's own post-processor decides BOS)",
+    "decode: the prompt, encoded as the tokenizer encodes it (BOS first as add_bos says)",
   ),
   "prompts_file": Key(
     str,

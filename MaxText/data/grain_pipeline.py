@@ -1,7 +1,7 @@
 """Real data through grain: checked records (MaxText/data/records.py) -> tokens -> packed Batch, checkpointable.
 
-Per document: [BOS] tokens [EOS], cut into pieces of at most L+1 tokens that overlap by one (every
-token is a target once), each piece an (inputs, targets) pair; pieces are packed first-fit into
+Per document: [BOS] tokens [EOS] (BOS as add_bos says), cut into pieces of at most L+1 tokens that overlap by
+one (every token is a target once), each piece an (inputs, targets) pair; pieces are packed first-fit into
 rows of L with segment ids and positions, so attention never crosses documents and padding has
 weight 0. Every process reads its own 1/process_count of the documents (and each grain worker its
 own share of those). A split from which no training sequence can come (every document shorter than
@@ -25,7 +25,7 @@ PACKING_BINS = 32
 
 
 class _Tokenize(grain.transforms.Map):
-  """(record index, document) -> int32 token ids (text gets BOS/EOS where the tokenizer has them)."""
+  """(record index, document) -> int32 token ids (text gets BOS as add_bos says, EOS where the tokenizer has one)."""
 
   def __init__(self, records, tokenizer, length, max_pieces):
     self.records, self.tokenizer, self.length, self.max_pieces = records, tokenizer, length, max_pieces
@@ -33,16 +33,7 @@ class _Tokenize(grain.transforms.Map):
   def map(self, element):
     index, document = element
     tok = self.tokenizer
-    ids = (
-      document
-      if tok is None
-      else np.asarray(
-        ([tok.bos_id] if tok.bos_id is not None else [])
-        + tok.encode(document)
-        + ([tok.eos_id] if tok.eos_id is not None else []),
-        np.int32,
-      )
-    )
+    ids = document if tok is None else np.asarray(tok.encode_document(document), np.int32)
     pieces = -(-(ids.size - 1) // self.length)
     if pieces > self.max_pieces:
       raise DataError(
@@ -180,7 +171,7 @@ class GrainIterator(DataIterator):
   def __init__(self, cfg, records, batch_size, *, train=True, process_index=0, process_count=1):
     tokenizer = None  # token_ids records are already tokenized; their ids are checked per record
     if cfg.grain_record_format == "text":
-      tokenizer = tokenizers.load(cfg.tokenizer_type, cfg.tokenizer_path, cfg.vocab_size)
+      tokenizer = tokenizers.load(cfg.tokenizer_type, cfg.tokenizer_path, cfg.vocab_size, cfg.add_bos)
     length = cfg.max_target_length
     tokenize = _Tokenize(records, tokenizer, length, cfg.grain_max_pieces_per_document)
     reading = dict(seed=cfg.seed, train=train, process_index=process_index, process_count=process_count)

@@ -14,6 +14,8 @@ LLAMA3_NUM_RESERVED_SPECIAL = 256
 # Special tokens a trained tokenizer may use for document boundaries, most specific first.
 BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "[BOS]")
 EOS_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "[EOS]")
+ADD_BOS = ("auto", "true", "false")  # the add_bos key's values
+PROBE = "Hello world"  # a text to see what a post-processor puts around it
 
 
 class TokenizerError(UserError, ValueError):
@@ -39,11 +41,13 @@ def llama3_special_tokens():
 
 
 class Tokenizer:
-  """text -> ids. `bos_id` / `eos_id` are None when the vocabulary has no such token."""
+  """text -> ids. `bos_id` / `eos_id` are None when the vocabulary has no such token; `start_ids` (set by `load`
+  from add_bos) are what a prompt and a training document start with: [BOS] or nothing."""
 
   vocab_size: int
   bos_id: int | None = None
   eos_id: int | None = None
+  start_ids: tuple = ()
 
   def encode(self, text: str) -> list:
     raise NotImplementedError
@@ -51,9 +55,17 @@ class Tokenizer:
   def decode(self, ids) -> str:
     raise NotImplementedError
 
+  def own_start_ids(self) -> tuple:
+    """What the tokenizer itself starts a text with (add_bos=auto): BOS where the vocabulary has one."""
+    return (self.bos_id,) if self.bos_id is not None else ()
+
   def encode_prompt(self, text: str) -> list:
-    """A prompt's ids as generation starts from them: BOS (as the data pipeline starts every document), then text."""
-    return ([self.bos_id] if self.bos_id is not None else []) + self.encode(text)
+    """A prompt's ids as generation starts from them: `start_ids`, then the text."""
+    return list(self.start_ids) + self.encode(text)
+
+  def encode_document(self, text: str) -> list:
+    """A training document's ids: as its prompt would start, then EOS where the vocabulary has one."""
+    return self.encode_prompt(text) + ([self.eos_id] if self.eos_id is not None else [])
 
 
 class ByteTokenizer(Tokenizer):
@@ -79,16 +91,33 @@ class HuggingFaceTokenizer(Tokenizer):
     vocab = self._tok.get_vocab()
     self.bos_id = next((vocab[n] for n in BOS_NAMES if n in vocab), None)
     self.eos_id = next((vocab[n] for n in EOS_NAMES if n in vocab), None)
+    self.post_processor_prefix = self._post_processor_prefix()
+    if self.bos_id is None and self.post_processor_prefix:
+      self.bos_id = self.post_processor_prefix[0]  # the token its template starts a text with, whatever its name
+
+  def _post_processor_prefix(self):
+    """The ids the tokenizer.json's post-processor puts before a text (Llama 3's: <|begin_of_text|>; a ByteLevel
+    one: none), as transformers encodes a prompt; None when it has no post-processor."""
+    if self._tok.post_processor is None:
+      return None
+    plain = self._tok.encode(PROBE, add_special_tokens=False).ids
+    full = self._tok.encode(PROBE, add_special_tokens=True).ids
+    at = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), 0)
+    return tuple(full[:at])
+
+  def own_start_ids(self):
+    """As transformers reads a tokenizer.json: its post-processor's prefix. One without a post-processor is a
+    tokenizer scripts/prepare_data.py trained (its documents start with BOS); an imported checkpoint's such
+    tokenizer (transformers adds nothing) has add_bos=false written into its config.yml by the importer."""
+    if self.post_processor_prefix is None:
+      return super().own_start_ids()
+    return self.post_processor_prefix
 
   def encode(self, text):
     return self._tok.encode(text, add_special_tokens=False).ids
 
-  def encode_prompt(self, text):
-    """As the tokenizer.json's own post-processor encodes it (Llama 3's adds BOS, once); one without a
-    post-processor gets BOS as the data pipeline gives every document."""
-    if self._tok.post_processor is None:
-      return super().encode_prompt(text)
-    return self._tok.encode(text, add_special_tokens=True).ids
+  def id_to_token(self, i):
+    return self._tok.id_to_token(i)
 
   def decode(self, ids):
     return self._tok.decode(list(ids))
@@ -149,8 +178,21 @@ TOKENIZERS = {
 }
 
 
-def load(tokenizer_type: str, tokenizer_path: str = "", vocab_size: int | None = None) -> Tokenizer:
-  """The tokenizer; TokenizerError (one line) if it is missing, unreadable or larger than `vocab_size`."""
+def start_ids(tok: Tokenizer, add_bos, tokenizer_type: str) -> tuple:
+  """What a prompt or document starts with under add_bos: auto (the tokenizer's own rule), true ([BOS]), false."""
+  add_bos = str(add_bos).lower()
+  if add_bos not in ADD_BOS:
+    raise TokenizerError(f"add_bos={add_bos!r}; valid: {', '.join(ADD_BOS)}")
+  if add_bos == "auto":
+    return tuple(tok.own_start_ids())
+  if add_bos == "true" and tok.bos_id is None:
+    raise TokenizerError(f"add_bos=true but the {tokenizer_type} tokenizer has no BOS token; set add_bos=false or auto")
+  return (tok.bos_id,) if add_bos == "true" else ()
+
+
+def load(tokenizer_type: str, tokenizer_path: str = "", vocab_size: int | None = None, add_bos="auto") -> Tokenizer:
+  """The tokenizer, starting texts as `add_bos` says; TokenizerError (one line) if it is missing, unreadable or
+  larger than `vocab_size`."""
   if tokenizer_type not in TOKENIZERS:
     raise TokenizerError(f"tokenizer_type={tokenizer_type!r}; valid: {', '.join(TOKENIZERS)}")
   if tokenizer_type == "byte":
@@ -176,4 +218,5 @@ def load(tokenizer_type: str, tokenizer_path: str = "", vocab_size: int | None =
       f"the {tokenizer_type} tokenizer has {tok.vocab_size} tokens but vocab_size={vocab_size}; "
       f"set vocab_size >= {tok.vocab_size}"
     )
+  tok.start_ids = start_ids(tok, add_bos, tokenizer_type)
   return tok

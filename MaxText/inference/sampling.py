@@ -25,12 +25,22 @@ def from_config(cfg):
   )
 
 
+def scaled(logits_BxV, temperature):
+  """Logits over `temperature`, shifted so each row's largest is 0 (the softmax is the same). As the temperature
+  goes to 0 every other token goes to -inf, so a temperature too small for float32 samples the most likely token
+  (greedy, the limit of sampling; ties drawn at random). Unshifted, the positive logits would all tie at +inf (the
+  draw uniform among them). The temperature is held at float32's smallest normal number: a subnormal one is 0 to a
+  CPU that flushes them."""
+  shifted = logits_BxV - jnp.max(logits_BxV, axis=-1, keepdims=True)
+  return shifted / max(float(temperature), float(jnp.finfo(jnp.float32).tiny))
+
+
 def sample(logits_BxV, key, sampling: Sampling):
   """Next token ids [B] (int32). Sampling draws one Gumbel-max sample per row from `key`; masked tokens get -inf."""
   logits = logits_BxV.astype(jnp.float32)
   if sampling.strategy == "greedy":
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  logits = logits / sampling.temperature
+  logits = scaled(logits, sampling.temperature)
   if sampling.strategy == "topk":
     kth = jax.lax.top_k(logits, sampling.top_k)[0][:, -1:]
     logits = jnp.where(logits >= kth, logits, -jnp.inf)

@@ -17,6 +17,10 @@ the listeners told: a multi-process job's stop agreement, runtime/job_stop.py).
 
 Handlers can only be installed from the main thread; elsewhere `installed()` does nothing (and a signal
 keeps its default meaning).
+
+A command with nothing to save but a half-written output to remove (a conversion) takes the signals as an exception
+instead: within `raising()` they raise Stopped where the main thread is (`deferred()` holds it back around code that
+starts background work and records it, `ignored()` around the cleanup).
 """
 
 import contextlib
@@ -180,3 +184,66 @@ def installed():
         _state["watcher"] = None
       for s, handler in previous.items():
         signal.signal(s, handler)
+
+
+class Stopped(KeyboardInterrupt):
+  """A stop signal raised as an exception (`raising()`): `signum`, and `message`, the line the command line prints
+  (what the stop left undone), once the code it interrupted says so."""
+
+  def __init__(self, signum, message=None):
+    super().__init__(message or f"stopped by {signal.Signals(signum).name}")
+    self.signum, self.message = signum, message
+
+
+_raising = {"deferred": 0, "pending": None}
+
+
+def _raise_stopped(signum, frame):
+  del frame
+  if _raising["deferred"]:
+    _raising["pending"] = _raising["pending"] or signum
+    return
+  raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def deferred():
+  """Within the block, a signal that raising() turns into Stopped is raised at the block's end instead: around code
+  that starts work in the background and records it (a write in flight that a cleanup must wait for is never lost
+  between starting and recording)."""
+  _raising["deferred"] += 1
+  try:
+    yield
+  finally:
+    _raising["deferred"] -= 1
+    if not _raising["deferred"] and _raising["pending"] is not None:
+      signum, _raising["pending"] = _raising["pending"], None
+      raise Stopped(signum)  # pylint: disable=lost-exception
+
+
+@contextlib.contextmanager
+def _handlers(handler):
+  """`handler` for SIGTERM and SIGINT within the block, except one the process was started ignoring (a background
+  job of a script ignores SIGINT: it stays ignored)."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = {s: signal.signal(s, handler) for s in SIGNALS if signal.getsignal(s) != signal.SIG_IGN}
+  try:
+    yield
+  finally:
+    for s, h in previous.items():
+      signal.signal(s, h)
+
+
+def raising():
+  """Within the block (main thread), SIGTERM and SIGINT raise Stopped where the main thread is, so the `except` and
+  `finally` blocks of what it interrupted remove what it had half written (a conversion's partial output); the
+  command line exits 128 + the signal's number. Elsewhere a signal keeps its meaning."""
+  return _handlers(_raise_stopped)
+
+
+def ignored():
+  """Within the block (main thread), SIGTERM and SIGINT are ignored: around a cleanup that must not be cut short by
+  a second signal (it takes milliseconds)."""
+  return _handlers(signal.SIG_IGN)

@@ -110,6 +110,20 @@ def test_every_default_is_in_its_range():
   assert not set(config.RANGES) - set(config.SCHEMA), "RANGES names a key the schema lacks"
 
 
+def test_only_the_winning_value_is_checked(tmp_path):
+  """A bad value that a later file or the command line overrides is not an error (MaxText: the last one wins); the
+  winning value is, naming where it was given. E.g. an import's config.yml with max_target_length: 0."""
+  parent = tmp_path / "parent.yml"
+  parent.write_text(f"base_config: {BASE}\nmax_target_length: 0\nsteps: ten\n")
+  child = tmp_path / "child.yml"
+  child.write_text("base_config: parent.yml\nsteps: 10\n")
+  assert config.load(child, ["max_target_length=64"]).max_target_length == 64
+  with pytest.raises(config.ConfigError, match=rf"^{parent}: max_target_length=0 must be > 0$"):
+    config.load(child)
+  with pytest.raises(config.ConfigError, match=r"^command line: steps='x' is not a valid int$"):
+    config.load(child, ["max_target_length=64", "steps=x"])
+
+
 def test_yaml_infinity_is_refused_with_the_file(tmp_path):
   path = tmp_path / "lr.yml"
   path.write_text(f"base_config: {BASE}\nlearning_rate: .inf\n")

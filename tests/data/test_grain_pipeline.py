@@ -93,6 +93,13 @@ def test_pretokenized_records_and_bad_token_ids(tmp_path):
   cfg = _cfg(out, "grain_record_format=token_ids")
   inputs = np.stack([b.inputs for b in _batches(data.make_iterator(cfg, config.RunShape.of(cfg, 1)), 6)])
   assert inputs.max() <= 257 and (inputs == 256).any()  # every document starts with BOS
+  assert json.loads((out / "metadata.json").read_text())["starts_with_bos"] is True
+  no_bos = make_corpus(tmp_path / "no_bos", "--pretokenize", "--add-bos", "false")
+  cfg = _cfg(no_bos, "grain_record_format=token_ids")
+  batches = _batches(data.make_iterator(cfg, config.RunShape.of(cfg, 1)), 6)
+  assert not any((b.inputs == 256).any() for b in batches)
+  assert any((b.targets == 257).any() for b in batches)  # EOS still ends every document
+  assert json.loads((no_bos / "metadata.json").read_text())["starts_with_bos"] is False
   small = _cfg(out, "grain_record_format=token_ids", "vocab_size=200")
   with pytest.raises(data.DataError, match=r"token id 25[67] is outside \[0, vocab_size=200\)"):
     next(data.make_iterator(small, config.RunShape.of(small, 1)))
@@ -330,3 +337,12 @@ def test_sigterm_ends_a_trainer_on_data_that_makes_no_sequence(tmp_path):
   assert proc.returncode in (2, -signal.SIGTERM), err
   if proc.returncode == 2:
     assert err.strip().splitlines()[-1].startswith("error: grain_train_files: none of the 30 documents"), err
+
+
+@pytest.mark.parametrize("add_bos, bos_seen", [("auto", True), ("false", False)])
+def test_add_bos_decides_how_documents_start(corpus, add_bos, bos_seen):
+  cfg = _cfg(corpus, f"add_bos={add_bos}")
+  batches = _batches(data.make_iterator(cfg, config.RunShape.of(cfg, 1)), 4)
+  inputs = np.concatenate([b.inputs[b.segment_ids > 0] for b in batches])
+  targets = np.concatenate([b.targets[b.weights > 0] for b in batches])
+  assert bool((inputs == 256).any()) is bos_seen and (targets == 257).any()  # the byte tokenizer's BOS, EOS

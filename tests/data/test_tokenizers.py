@@ -63,3 +63,30 @@ def test_errors_are_one_line(tmp_path):
   (tmp_path / "x.json").write_text("{}")
   with pytest.raises(tokenizers.TokenizerError, match=r"can't load it as huggingface"):
     tokenizers.load("huggingface", str(tmp_path / "x.json"))
+
+
+def test_add_bos_decides_how_prompts_and_documents_start(tmp_path):
+  from scripts import prepare_data
+
+  prepare_data.train_bpe([SAMPLE * 3] * 20, 300, tmp_path / "tokenizer.json")
+  text = tokenizers.load("huggingface", str(tmp_path / "tokenizer.json")).encode(SAMPLE)
+  for tokenizer_type, path, bos, eos in (("huggingface", tmp_path / "tokenizer.json", 0, 1), ("byte", "", 256, 257)):
+    auto = tokenizers.load(tokenizer_type, str(path))  # prepare_data.py's tokenizers (and byte) keep BOS
+    body = auto.encode(SAMPLE)
+    assert tokenizer_type == "byte" or body == text
+    assert auto.start_ids == (bos,) and auto.encode_prompt(SAMPLE) == [bos] + body
+    assert auto.encode_document(SAMPLE) == [bos] + body + [eos]
+    off = tokenizers.load(tokenizer_type, str(path), add_bos="false")
+    assert off.encode_prompt(SAMPLE) == body and off.encode_document(SAMPLE) == body + [eos]
+    assert tokenizers.load(tokenizer_type, str(path), add_bos="true").encode_prompt(SAMPLE) == [bos] + body
+
+
+def test_add_bos_errors_are_one_line(tmp_path):
+  from tokenizers import Tokenizer, models
+
+  Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(tmp_path / "nobos.json"))
+  assert tokenizers.load("huggingface", str(tmp_path / "nobos.json")).encode_prompt("a") == [0]  # auto: no BOS to add
+  with pytest.raises(tokenizers.TokenizerError, match=r"^add_bos=true but the huggingface tokenizer has no BOS token"):
+    tokenizers.load("huggingface", str(tmp_path / "nobos.json"), add_bos="true")
+  with pytest.raises(tokenizers.TokenizerError, match=r"^add_bos='maybe'; valid: auto, true, false$"):
+    tokenizers.load("byte", add_bos="maybe")

@@ -74,3 +74,54 @@ def test_a_second_signal_ends_train_py_while_xla_compiles(tmp_path):
   finally:
     proc.kill()
   assert "completed step" not in out and err.strip().endswith("SIGTERM again: exiting now without a checkpoint")
+
+
+_RAISING = textwrap.dedent("""
+    import os, signal, sys, time
+    from MaxText.runtime import preemption
+    events = []
+    with preemption.raising():
+      try:
+        with preemption.deferred():  # work started and recorded: the stop waits for the block's end
+          os.kill(os.getpid(), signal.SIGTERM)
+          time.sleep(0.1)
+          events.append("recorded")
+      except preemption.Stopped as e:
+        events.append(f"stopped {e.signum} after the block")
+      try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        events.append("not interrupted")
+      except preemption.Stopped as e:
+        with preemption.ignored():
+          os.kill(os.getpid(), signal.SIGTERM)  # during a cleanup: ignored
+          time.sleep(0.1)
+        events.append(f"stopped {e.signum} at once, cleanup done")
+    print(events, signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)
+""")
+
+
+def test_raising_turns_stop_signals_into_exceptions_deferred_or_ignored_where_asked():
+  proc = subprocess.run([sys.executable, "-c", _RAISING], cwd=REPO, capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.strip() == (
+    f"['recorded', 'stopped {signal.SIGTERM.value} after the block', 'stopped {signal.SIGINT.value} at once, cleanup "
+    "done'] True"
+  )
+
+
+def test_a_signal_ignored_from_the_start_stays_ignored():
+  """A background job of a shell script starts with SIGINT ignored: raising() doesn't take it back."""
+  script = (
+    "import os, signal, time\nfrom MaxText.runtime import preemption\nwith preemption.raising():\n"
+    "  os.kill(os.getpid(), signal.SIGINT)\n  time.sleep(0.1)\nprint('went on', flush=True)"
+  )
+  proc = subprocess.run(
+    [sys.executable, "-c", script],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=60,
+    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+  )
+  assert proc.returncode == 0 and proc.stdout == "went on\n", proc.stderr[-2000:]

@@ -55,6 +55,11 @@ class HFCheckpoint:
       if not isinstance(weight_map, dict):
         raise HFError(f"{self.dir / INDEX}: no weight_map; the index is damaged")
       for name, filename in weight_map.items():
+        if not isinstance(filename, str) or not filename or pathlib.PurePath(filename).name != filename:
+          raise HFError(
+            f"{self.dir / INDEX}: weight_map puts tensor {name} in {json.dumps(filename)}, which is not a file name "
+            "beside the index; the index is damaged: fetch it again"
+          )
         if name not in self._open(filename).names:
           raise HFError(f"{self.dir / INDEX} puts tensor {name} in {filename}, whose header doesn't hold it")
         self._where[name] = filename

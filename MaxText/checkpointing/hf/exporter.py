@@ -21,7 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from MaxText.checkpointing import checkpointer
-from MaxText.checkpointing.hf import HFError, model_config, names
+from MaxText.checkpointing.hf import HFError, model_config, names, prompt_start
 from MaxText.checkpointing.hf.checkpoint import INDEX, write_index
 from MaxText.checkpointing.hf.output_dir import staged
 from MaxText.checkpointing.hf.safetensors_file import SafetensorsWriter
@@ -58,10 +58,7 @@ class CheckpointParams:
 
   def __init__(self, step_dir):
     self.step_dir = pathlib.Path(step_dir)
-    try:
-      tree = checkpointer.state_metadata(self.step_dir)
-    except Exception as e:  # not a checkpoint, or a damaged one
-      raise HFError(f"{self.step_dir}: can't read the checkpoint's metadata ({str(e).splitlines()[0][:200]})") from None
+    tree = checkpointer.state_metadata(self.step_dir)  # CheckpointError: not a checkpoint, or a damaged one
     self.stored = {}  # our parameter path -> (shape, dtype)
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
       keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
@@ -92,8 +89,11 @@ class CheckpointParams:
     # Restored straight into NumPy: no second, device-side copy.
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray, dtype=dtype), target)
     args = ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
-    with checkpointer.quiet_item_access(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as orbax_checkpointer:
-      restored = orbax_checkpointer.restore(self.step_dir / "state", args=args)
+    try:
+      with checkpointer.quiet_item_access(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as orbax_checkpointer:
+        restored = orbax_checkpointer.restore(self.step_dir / "state", args=args)
+    except Exception as e:  # damaged or truncated files
+      raise checkpointer.UnreadableCheckpoint.of(self.step_dir, e) from None
     node = restored["params"]
     for part in parts:
       node = node[part]
@@ -161,9 +161,12 @@ def write_tensors(out_dir, tensors, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES):
     for t in tensors:
       for row, block in t.blocks():
         where[t.name][1].write(t.name, np.asarray(block, t.dtype), row)
-  finally:
-    for w in writers:
-      w.close()
+  except BaseException:
+    for w in writers:  # the failure is the news: closing must not replace it with "not written in full"
+      w.abort()
+    raise
+  for w in writers:
+    w.close()
   if len(files) > 1:
     write_index(out_dir, {name: filename for name, (filename, _) in where.items()}, sum(t.nbytes for t in tensors))
   return names_
@@ -188,12 +191,13 @@ def write_model_files(out_dir, cfg, dtype_name, *, extra_config=None, log=print)
   if source is not None:
     from MaxText.data import tokenizers  # pylint: disable=import-outside-toplevel  (tokenizers is optional)
 
-    tok = tokenizers.load("huggingface", cfg.tokenizer_path)
+    tok = tokenizers.load("huggingface", cfg.tokenizer_path, add_bos=cfg.add_bos)
     bos, eos = tok.bos_id, tok.eos_id
     shutil.copyfile(cfg.tokenizer_path, out_dir / "tokenizer.json")
     for name in TOKENIZER_FILES:
       if (source / name).is_file():
         shutil.copyfile(source / name, out_dir / name)
+    prompt_start.match_in_export(out_dir, tok.start_ids, log)
   else:
     log(
       f"note: tokenizer_type={cfg.tokenizer_type} is no Hugging Face tokenizer.json: the export has no tokenizer; "
@@ -219,7 +223,7 @@ def export(cfg, step_dir, out_dir, *, dtype="bfloat16", max_shard_bytes=DEFAULT_
     raise HFError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
   params = CheckpointParams(step_dir)
   params.check(cfg)
-  with staged(out_dir) as tmp:
+  with staged(out_dir, log) as tmp:
     tensors = weight_tensors(cfg, params, DTYPES[dtype])
     files = write_tensors(tmp, tensors, max_shard_bytes)
     write_model_files(tmp, cfg, dtype, log=log)

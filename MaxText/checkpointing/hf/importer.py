@@ -14,7 +14,7 @@ import numpy as np
 import yaml
 
 from MaxText import config as config_lib
-from MaxText.checkpointing.hf import HFError, model_config, names
+from MaxText.checkpointing.hf import HFError, model_config, names, prompt_start
 from MaxText.checkpointing.hf.checkpoint import HFCheckpoint
 from MaxText.checkpointing.hf.orbax_writer import ParamCheckpointWriter
 from MaxText.checkpointing.hf.output_dir import check_output_dir, staged
@@ -51,26 +51,31 @@ def write_params(hf, cfg, state_dir, log=print):
     arrays[entry.param] = (shape, dtypes[entry.param], names.rows_axis(entry, len(shape)), unit_axes)
   writer = ParamCheckpointWriter(state_dir, arrays)
   done = 0
-  for name, (entry, layer) in names.hf_names(cfg).items():
-    shape, dtype, axis, _ = arrays[entry.param]
-    rows = names.hf_shape(cfg, entry)[0]
-    step = writer.block_rows(entry.param, axis)
-    for start in range(0, rows, step):
-      stop = min(start + step, rows)
-      block = names.to_param_layout(entry, hf.read(name, (slice(start, stop),)))  # a transposed view: no copy
-      block = block if block.dtype == dtype else block.astype(dtype)
-      writer.write(entry.param, names.param_index(entry, slice(start, stop), layer, len(shape)), block)
-    done += hf.info(name).nbytes
-  writer.finish()
+  try:
+    for name, (entry, layer) in names.hf_names(cfg).items():
+      shape, dtype, axis, _ = arrays[entry.param]
+      rows = names.hf_shape(cfg, entry)[0]
+      step = writer.block_rows(entry.param, axis)
+      for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        block = names.to_param_layout(entry, hf.read(name, (slice(start, stop),)))  # a transposed view: no copy
+        block = block if block.dtype == dtype else block.astype(dtype)
+        writer.write(entry.param, names.param_index(entry, slice(start, stop), layer, len(shape)), block)
+      done += hf.info(name).nbytes
+    writer.finish()
+  except BaseException:
+    writer.abort()  # before the partial output is removed
+    raise
   log(f"wrote {len(names.hf_names(cfg))} tensors ({done / 1e6:,.1f} MB) into {len(arrays)} parameter arrays")
   return done
 
 
-def config_yml(keys, out_dir, hf_dir, load_path, tokenizer):
+def config_yml(keys, out_dir, hf_dir, load_path, tokenizer, add_bos=None):
   """The text of OUT_DIR/config.yml: the model, where its parameters and tokenizer are.
 
   The model keys are always written out (config.json is the truth about the weights); model_name names the model
-  whose definition they equal (e.g. llama3.1-8b for Meta's Llama-3.1-8B), else it is left at default."""
+  whose definition they equal (e.g. llama3.1-8b for Meta's Llama-3.1-8B), else it is left at default. `add_bos`:
+  (value, why) of prompt_start.read, how the tokenizer starts a prompt."""
   defaults = {n: k.default for n, k in config_lib.SCHEMA.items()}
   named = config_lib.models.matching({**defaults, **keys})
   body = {
@@ -81,10 +86,13 @@ def config_yml(keys, out_dir, hf_dir, load_path, tokenizer):
   }
   if tokenizer:
     body.update(tokenizer_type="huggingface", tokenizer_path=str(tokenizer))
+  if add_bos:
+    body["add_bos"] = {"true": True, "false": False}.get(add_bos[0], add_bos[0])
   header = (
     f"# Imported from the Hugging Face checkpoint {pathlib.Path(hf_dir).absolute()} by\n"
     f"#   python -m MaxText.convert_hf to-maxtext {hf_dir} {out_dir}\n"
     "# Train it as is: python train.py THIS_FILE steps=... quantization=te_nvfp4 (fresh optimizer, step 0).\n"
+    + (f"# add_bos: {add_bos[0]}, as transformers 5 reads the tokenizer files: {add_bos[1]}.\n" if add_bos else "")
   )
   return header + yaml.safe_dump(body, sort_keys=False, default_flow_style=None)
 
@@ -101,12 +109,16 @@ def import_checkpoint(hf_dir, out_dir, *, direct=False, fused_mlp=False, log=pri
       keys["fused_mlp"] = True
     cfg = config_from_keys({k: v for k, v in keys.items() if k != "max_target_length"}, hf_dir / "config.json")
     hf.check(cfg)
+    add_bos = None
     if not (hf_dir / "tokenizer.json").is_file():
       log(
         f"warning: {hf_dir} has no tokenizer.json; config.yml names no tokenizer (set tokenizer_type and "
         "tokenizer_path to decode or to train on text)"
       )
-    with staged(out_dir) as tmp:
+    else:
+      add_bos = prompt_start.read(hf_dir)
+      log(f"add_bos: {add_bos[0]} ({add_bos[1]})")
+    with staged(out_dir, log) as tmp:
       companions = out_dir / COMPANIONS if not direct else hf_dir
       if not direct:
         write_params(hf, cfg, tmp / CHECKPOINT / "state", log)
@@ -116,6 +128,6 @@ def import_checkpoint(hf_dir, out_dir, *, direct=False, fused_mlp=False, log=pri
             shutil.copyfile(hf_dir / name, tmp / COMPANIONS / name)
       tokenizer = companions / "tokenizer.json" if (hf_dir / "tokenizer.json").is_file() else None
       load_path = hf_dir if direct else out_dir / CHECKPOINT
-      (tmp / "config.yml").write_text(config_yml(keys, out_dir, hf_dir, load_path, tokenizer))
+      (tmp / "config.yml").write_text(config_yml(keys, out_dir, hf_dir, load_path, tokenizer, add_bos))
   log(f"imported {hf_dir} -> {out_dir}/config.yml (load_parameters_path={load_path})")
   return out_dir / "config.yml"

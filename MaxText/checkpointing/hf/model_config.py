@@ -2,6 +2,7 @@
 scaling), tied embeddings; and what an export writes back."""
 
 import json
+import math
 import pathlib
 
 from MaxText.checkpointing.hf import HFError
@@ -37,16 +38,84 @@ def read_json(path, what):
   return value
 
 
+# The config.json fields read here: (what transformers' LlamaConfig means by it, its kind, LlamaConfig's default where
+# the field may be left out; REQUIRED where it may not). Kinds: "count" an integer >= 1, "positive" a finite number
+# > 0, "bool" true or false, "text" a string, "object" a JSON object; "or null" where LlamaConfig reads null as
+# its default (num_key_value_heads, head_dim) or as none at all (rope_scaling, rope_parameters).
+REQUIRED = object()
+FIELDS = {
+  "vocab_size": ("the vocabulary size", "count", REQUIRED),
+  "hidden_size": ("the width of the hidden states", "count", REQUIRED),
+  "intermediate_size": ("the MLP's inner width", "count", REQUIRED),
+  "num_hidden_layers": ("the number of decoder layers", "count", REQUIRED),
+  "num_attention_heads": ("the number of attention (query) heads", "count", REQUIRED),
+  "num_key_value_heads": ("the number of key/value heads (GQA)", "count or null", None),
+  "head_dim": ("each attention head's width", "count or null", None),
+  "rms_norm_eps": ("the RMSNorm epsilon", "positive", 1e-6),
+  "rope_theta": ("the RoPE base frequency", "positive", 10000.0),
+  "max_position_embeddings": ("the longest sequence the model was trained for", "count", 2048),
+  "tie_word_embeddings": ("whether lm_head shares the embedding's weights", "bool", False),
+  "hidden_act": ("the MLP's activation", "text", "silu"),
+  "attention_bias": ("whether the attention projections have biases", "bool", False),
+  "mlp_bias": ("whether the MLP projections have biases", "bool", False),
+  "model_type": ("the architecture's name", "text", "llama"),
+  "rope_scaling": ("the RoPE scaling (transformers 4)", "object or null", None),
+  "rope_parameters": ("the RoPE type and its parameters (transformers 5)", "object or null", None),
+}
+# The llama3 RoPE scaling's fields (in rope_scaling or rope_parameters).
+ROPE_FIELDS = {
+  "factor": ("the context extension factor", "positive"),
+  "low_freq_factor": ("the low-frequency wavelength factor", "positive"),
+  "high_freq_factor": ("the high-frequency wavelength factor", "positive"),
+  "original_max_position_embeddings": ("the context length before scaling", "count"),
+}
+_KINDS = {
+  "count": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
+  "positive": (
+    lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
+    "a number > 0",
+  ),
+  "bool": (lambda v: isinstance(v, bool), "true or false"),
+  "text": (lambda v: isinstance(v, str), "a string"),
+  "object": (lambda v: isinstance(v, dict), "a JSON object"),
+}
+
+
+def _field(hf, name, where, fields=None, prefix=""):
+  """config.json's `name`, checked to be what LlamaConfig means by it (LlamaConfig's default where it is absent, or
+  null where null means that); HFError naming the field, its meaning and what it must be."""
+  meaning, kind, default = (fields or FIELDS)[name] + ((REQUIRED,) if fields else ())
+  if name not in hf:
+    if default is REQUIRED:
+      raise HFError(f"{where}: lacks {prefix}{name} ({meaning}); not a complete Llama config")
+    return default
+  value = hf[name]
+  base, _, nullable = kind.partition(" or ")
+  if value is None and nullable:
+    return default
+  check, wanted = _KINDS[base]
+  if not check(value):
+    default_note = f"; LlamaConfig's default is {json.dumps(default)}" if default not in (REQUIRED, None) else ""
+    raise HFError(
+      f"{where}: {prefix}{name}={json.dumps(value)} ({meaning}) must be {wanted}{' or null' if nullable else ''}"
+      f"{default_note}; fix config.json"
+    )
+  return value
+
+
 def _rope(hf, where):
   """{rope keys} from transformers 5's rope_parameters or the older rope_theta + rope_scaling."""
-  params = hf.get("rope_parameters")
-  if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
-    params = params["full_attention"]  # the per-attention-type form
+  params = _field(hf, "rope_parameters", where)
+  prefix = "rope_parameters."
+  if params is not None and isinstance(params.get("full_attention"), dict):
+    params, prefix = params["full_attention"], "rope_parameters.full_attention."  # the per-attention-type form
   if params is None:
-    params = dict(hf.get("rope_scaling") or {})
-    params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
+    params, prefix = dict(_field(hf, "rope_scaling", where) or {}), "rope_scaling."
+  theta = (
+    _field(params, "rope_theta", where, prefix=prefix) if "rope_theta" in params else _field(hf, "rope_theta", where)
+  )
   kind = params.get("rope_type", params.get("type", "default"))
-  keys = {"rope_max_timescale": float(params.get("rope_theta", 10000.0))}
+  keys = {"rope_max_timescale": float(theta)}
   if kind == "default":
     return {**keys, "rope_type": "default"}
   if kind != "llama3":
@@ -54,38 +123,51 @@ def _rope(hf, where):
   missing = [k for k in ROPE_SCALING_KEYS if k not in params]
   if missing:
     raise HFError(f"{where}: the llama3 RoPE scaling lacks {', '.join(missing)}")
-  return {**keys, "rope_type": "llama3.1", **{ours: params[theirs] for theirs, ours in ROPE_SCALING_KEYS.items()}}
+  scaling = {ours: _field(params, theirs, where, ROPE_FIELDS, prefix) for theirs, ours in ROPE_SCALING_KEYS.items()}
+  return {**keys, "rope_type": "llama3.1", **scaling}
 
 
 def to_keys(hf, where="config.json"):
-  """Our config keys for the model a Llama config.json describes; HFError for anything else."""
+  """Our config keys for the model a Llama config.json describes; HFError for anything else, and for a field that
+  isn't what LlamaConfig means by it (null, another type, zero), one line naming it."""
   architectures = hf.get("architectures") or []
-  if (architectures and ARCHITECTURE not in architectures) or hf.get("model_type", "llama") != "llama":
+  if not isinstance(architectures, list):
+    architectures = [architectures]
+  model_type = _field(hf, "model_type", where)
+  if (architectures and ARCHITECTURE not in architectures) or model_type != "llama":
     raise HFError(
       f"{where}: not a Llama architecture (architectures={architectures}, model_type="
       f"{hf.get('model_type')!r}); this converter reads {ARCHITECTURE} checkpoints"
     )
-  required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-  missing = [k for k in required if not isinstance(hf.get(k), int)]
-  if missing:
-    raise HFError(f"{where}: lacks {', '.join(missing)} (integers); not a complete Llama config")
-  if hf.get("hidden_act", "silu") != "silu" or hf.get("attention_bias") or hf.get("mlp_bias"):
+  value = {name: _field(hf, name, where) for name in FIELDS if name not in ("rope_scaling", "rope_parameters")}
+  if value["hidden_act"] != "silu" or value["attention_bias"] or value["mlp_bias"]:
     raise HFError(
       f"{where}: hidden_act={hf.get('hidden_act')!r}, attention_bias={hf.get('attention_bias')}, "
       f"mlp_bias={hf.get('mlp_bias')}: our Llama is silu with no biases"
     )
-  heads = hf["num_attention_heads"]
-  head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+  heads = value["num_attention_heads"]
+  kv_heads = value["num_key_value_heads"] or heads
+  if heads % kv_heads:
+    raise HFError(
+      f"{where}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads} (each key/value "
+      "head serves a whole group of query heads); fix config.json"
+    )
+  head_dim = value["head_dim"] or value["hidden_size"] // heads
+  if head_dim < 1:
+    raise HFError(
+      f"{where}: hidden_size={value['hidden_size']} / num_attention_heads={heads} leaves heads of width 0 and "
+      "config.json gives no head_dim; fix config.json"
+    )
   keys = {
-    "base_emb_dim": hf["hidden_size"],
-    "base_mlp_dim": hf["intermediate_size"],
-    "base_num_decoder_layers": hf["num_hidden_layers"],
+    "base_emb_dim": value["hidden_size"],
+    "base_mlp_dim": value["intermediate_size"],
+    "base_num_decoder_layers": value["num_hidden_layers"],
     "base_num_query_heads": heads,
-    "base_num_kv_heads": hf.get("num_key_value_heads") or heads,
+    "base_num_kv_heads": kv_heads,
     "head_dim": head_dim,
-    "vocab_size": hf["vocab_size"],
-    "normalization_layer_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
-    "logits_via_embedding": bool(hf.get("tie_word_embeddings", False)),
+    "vocab_size": value["vocab_size"],
+    "normalization_layer_epsilon": float(value["rms_norm_eps"]),
+    "logits_via_embedding": value["tie_word_embeddings"],
     "mlp_activations": ["silu", "linear"],
   }
   return {**keys, **_rope(hf, where)}

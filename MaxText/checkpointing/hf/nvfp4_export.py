@@ -218,7 +218,7 @@ def export(
   params.check(cfg)
   quantizer = ProjectionQuantizer(cfg, params, layers, input_amax)
   recipe = next(iter(layers.values()))
-  with staged(out_dir) as tmp:
+  with staged(out_dir, log) as tmp:
     export_tensors = tensors(cfg, params, layers, quantizer)
     files = exporter.write_tensors(tmp, export_tensors, max_shard_bytes)
     notes = {"recipe": recipe.name, "weights": _weights_note(cfg, recipe), "input_scale": calibration}

@@ -14,6 +14,8 @@ import math
 import numpy as np
 import tensorstore as ts
 
+from MaxText.runtime import preemption
+
 CHUNK_BYTES = 64 << 20  # the zarr chunks (and the blocks an import writes) hold at most this much
 MAX_PENDING = 1  # a write in flight while the next block is read
 _ZARR_DTYPES = {"bfloat16": "bfloat16"}
@@ -65,7 +67,8 @@ class ParamCheckpointWriter:
           "dimension_separator": ".",
         },
       }
-      self._stores[path] = ts.open(spec, create=True, context=context).result()
+      with preemption.deferred():  # an open started is an open finished: nothing creates files after a cleanup
+        self._stores[path] = ts.open(spec, create=True, context=context).result()
       self._chunks[path] = chunks
 
   def block_rows(self, path, axis):
@@ -73,14 +76,29 @@ class ParamCheckpointWriter:
     return self._chunks[path][axis]
 
   def write(self, path, index, block):
-    """Starts writing `block` at `index`; at most MAX_PENDING writes are in flight (each holds its block)."""
-    self._pending.append(self._stores[path][index].write(block))
+    """Starts writing `block` at `index`; at most MAX_PENDING writes are in flight (each holds its block). A write in
+    flight stays in `_pending` until it has finished, whatever interrupts this (abort() waits for it)."""
+    with preemption.deferred():
+      self._pending.append(self._stores[path][index].write(block))
     while len(self._pending) > MAX_PENDING:
-      self._pending.popleft().result()
+      self._pending[0].result()
+      self._pending.popleft()
+
+  def abort(self):
+    """Waits out the writes in flight, their errors ignored (after a failure or a stop signal: nothing may write
+    into the directory once it is being removed)."""
+    with preemption.ignored():
+      while self._pending:
+        try:
+          self._pending[0].result()
+        except Exception:  # pylint: disable=broad-except  (the failure being handled is the news)
+          pass
+        self._pending.popleft()
 
   def finish(self):
     while self._pending:
-      self._pending.popleft().result()
+      self._pending[0].result()
+      self._pending.popleft()
     tree = {}
     for path, store in self._stores.items():
       keys = leaf_keys(path)

@@ -65,7 +65,7 @@ def _header_entry(path, name, entry, data_bytes):
   where = f"{path}: tensor {name}"
   if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
     raise HFError(f"{where}: header entry lacks dtype/shape/data_offsets; not a safetensors file")
-  if entry["dtype"] not in DTYPES:
+  if not isinstance(entry["dtype"], str) or entry["dtype"] not in DTYPES:
     raise HFError(
       f"{where} has dtype {entry['dtype']!r}, which this reader doesn't know (it reads "
       f"{', '.join(DTYPES)}); convert the checkpoint to bf16 or f32"
@@ -216,7 +216,20 @@ class SafetensorsWriter:
     self._written = {name: 0 for name in tensors}
     self.size = self._data_start + offset
     self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.pwrite(self._fd, struct.pack("<Q", len(text)) + text, 0)
+    try:
+      self._pwrite(struct.pack("<Q", len(text)) + text, 0)
+    except BaseException:
+      self.abort()
+      raise
+
+  def _pwrite(self, data, position):
+    """All of `data` at `position`; an OSError names the file (os.pwrite's doesn't)."""
+    done = 0
+    try:
+      while done < len(data):
+        done += os.pwrite(self._fd, data[done:], position + done)
+    except OSError as e:
+      raise OSError(e.errno, e.strerror, str(self.path)) from None
 
   def write(self, name, array, row=0):
     dtype, shape, offset = self._layout[name]
@@ -229,10 +242,7 @@ class SafetensorsWriter:
       raise ValueError(f"{name}: writing {array.dtype}{list(array.shape)} at row {row} into {dtype}{list(shape)}")
     row_bytes = math.prod(shape[1:]) * dtype.itemsize
     data = memoryview(array.reshape(-1).view(np.uint8))
-    position = self._data_start + offset + row * row_bytes
-    done = 0
-    while done < len(data):
-      done += os.pwrite(self._fd, data[done:], position + done)
+    self._pwrite(data, self._data_start + offset + row * row_bytes)
     self._written[name] += len(data)
 
   def close(self):
@@ -245,7 +255,15 @@ class SafetensorsWriter:
       ]
       if missing:
         raise ValueError(f"{self.path}: tensors not written in full: {missing[:3]}")
-      os.fsync(self._fd)
+      try:
+        os.fsync(self._fd)
+      except OSError as e:  # a full disk can show only now
+        raise OSError(e.errno, e.strerror, str(self.path)) from None
     finally:
+      self.abort()
+
+  def abort(self):
+    """Closes without checking (after a failure: what the file lacks is not news, the failure is)."""
+    if self._fd is not None:
       os.close(self._fd)
       self._fd = None

@@ -69,10 +69,54 @@ def test_an_exported_config_reads_back_to_the_same_keys():
     ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}}, "lacks low_freq_factor"),
     ({"hidden_act": "gelu"}, "silu with no biases"),
     ({"attention_bias": True}, "silu with no biases"),
-    ({"hidden_size": None}, "lacks hidden_size"),
+    ({"hidden_size": None}, r"hidden_size=null \(the width of the hidden states\) must be an integer >= 1;"),
+    ({"intermediate_size": 0}, r"intermediate_size=0 \(the MLP's inner width\) must be an integer >= 1"),
+    ({"vocab_size": 384.0}, "vocab_size=384.0"),
+    (
+      {"rms_norm_eps": None},
+      r"rms_norm_eps=null \(the RMSNorm epsilon\) must be a number > 0; LlamaConfig's default is 1e-06",
+    ),
+    ({"rope_theta": "10k"}, r'rope_theta="10k" \(the RoPE base frequency\) must be a number > 0'),
+    ({"rms_norm_eps": -1e-5}, "rms_norm_eps=-1e-05"),
+    ({"num_attention_heads": 0}, r"num_attention_heads=0 \(the number of attention \(query\) heads\) must be"),
+    ({"num_attention_heads": 3}, "num_attention_heads=3 is not a multiple of num_key_value_heads=2"),
+    ({"num_key_value_heads": 0}, "num_key_value_heads=0"),
+    ({"head_dim": -16}, "head_dim=-16"),
+    (
+      {"rope_parameters": "llama3"},
+      r'rope_parameters="llama3" \(the RoPE type and its parameters \(transformers 5\)\)',
+    ),
+    ({"rope_parameters": None, "rope_scaling": [1, 2]}, r"rope_scaling=\[1, 2\] \(the RoPE scaling"),
+    ({"max_position_embeddings": None}, r"max_position_embeddings=null \(the longest sequence"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings=0"),
+    ({"tie_word_embeddings": "false"}, 'tie_word_embeddings="false"'),
+    ({"attention_bias": "no"}, 'attention_bias="no"'),
+    ({"model_type": None}, "model_type=null"),
+    (
+      {"rope_parameters": {**TINY["rope_parameters"], "factor": 0}},
+      r"rope_parameters.factor=0 \(the context extension factor\) must be a number > 0",
+    ),
+    (
+      {"rope_parameters": {**TINY["rope_parameters"], "original_max_position_embeddings": "64"}},
+      'rope_parameters.original_max_position_embeddings="64"',
+    ),
   ],
 )
 def test_what_is_not_our_llama_is_refused_in_one_line(change, message):
   with pytest.raises(HFError, match=message) as e:
     model_config.to_keys({**TINY, **change}, "somewhere/config.json")
   assert str(e.value).startswith("somewhere/config.json") and "\n" not in str(e.value)
+
+
+def test_null_or_absent_fields_mean_what_llamaconfig_makes_of_them():
+  """LlamaConfig reads num_key_value_heads/head_dim null as 'as many as the query heads'/'hidden_size / heads' and
+  rope_scaling/rope_parameters null as no scaling; an absent field is its default."""
+  nulls = {**TINY, "num_key_value_heads": None, "head_dim": None, "rope_parameters": None, "rope_scaling": None}
+  keys = model_config.to_keys(nulls)
+  assert (keys["base_num_kv_heads"], keys["head_dim"], keys["rope_type"]) == (4, 16, "default")
+  absent = {k: v for k, v in TINY.items() if k not in ("rms_norm_eps", "tie_word_embeddings", "rope_parameters")}
+  keys = model_config.to_keys(absent)
+  assert keys["normalization_layer_epsilon"] == 1e-6 and keys["logits_via_embedding"] is False
+  assert (keys["rope_type"], keys["rope_max_timescale"]) == ("default", 10000.0)
+  legacy = model_config.to_keys({**_legacy(TINY), "rope_theta": 500000})  # an integer theta is a number too
+  assert legacy["rope_max_timescale"] == 500000.0 and legacy["rope_type"] == "llama3.1"
