@@ -54,7 +54,9 @@ class CompiledStep:
 
   @property
   def fits(self):
-    return self.memory["peak_bytes"] <= self.memory["available_bytes"]
+    """Whether the step fits the memory the device leaves it (True where that is unknown: 0)."""
+    available = self.memory["available_bytes"]
+    return available <= 0 or self.memory["peak_bytes"] <= available
 
   def summary(self):
     return hlo.summary(self.kernels)
@@ -153,9 +155,11 @@ def compile_step(
     xla_options = xla_flags.compiler_options(len(devices)) if compile_only else {}
   compiled = lowered.compile(compiler_options=xla_options or None)
   memory = compiled_memory(compiled) or {}
-  device_bytes = gpu.device_memory_size if gpu is not None else _local_bytes_limit(devices[0])
-  memory["device_bytes"] = device_bytes
-  memory["available_bytes"] = int(device_bytes * memory_fraction()) if compile_only else device_bytes
+  if compile_only:
+    device_bytes = gpu.device_memory_size if gpu is not None else 0
+    memory["device_bytes"], memory["available_bytes"] = device_bytes, int(device_bytes * memory_fraction())
+  else:  # this machine's devices: what jax's allocator has (its limit, the memory fraction applied)
+    memory["device_bytes"] = memory["available_bytes"] = _local_bytes_limit(devices)
   text = compiled.as_text()
   domain = devices_per_domain or len(devices) // len({d.process_index for d in devices})
   kernel_list = hlo.kernels(hlo.parse(text), len(devices), domain)
@@ -175,8 +179,10 @@ def compile_step(
   )
 
 
-def _local_bytes_limit(device):
-  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+def _local_bytes_limit(devices):
+  """The allocator's limit on this process's first device (another process's devices report nothing here)."""
+  local = next((d for d in devices if d.process_index == jax.process_index()), devices[0])
+  stats = local.memory_stats() if hasattr(local, "memory_stats") else None
   return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else 0
 
 
@@ -307,6 +313,8 @@ def preflight_memory(cfg, target, devices, num_devices):
     gpu = targets.of_device_kind(devices[0].device_kind)
     step = compile_step(cfg, devices, gpu, target_name=f"{len(devices)} x {devices[0].device_kind}", compile_only=False)
   else:
+    return None
+  if step.memory["available_bytes"] <= 0:  # the device says nothing of its memory: the analytic check decides
     return None
   return {
     "peak_bytes": step.memory["peak_bytes"],
