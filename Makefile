@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup data data-english train compare test test-all lint docs bench gpu-bench clean te test-te
+.PHONY: setup data data-english train compare test test-all lint docs bench gpu-bench clean te test-te train-compile
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,11 @@ te:
 
 test-te: te
 	@scripts/te/python.sh -m pytest -q -m te tests/te
+
+# The train step compiled for a GPU target on any machine (python -m MaxText.train_compile, README's "GPU targets"):
+# .venv-te has jax's CUDA plugin. ARGS="CONFIG.yml compile_topology=h100-8 compile_report=r.json ..."
+train-compile: te
+	@scripts/te/python.sh -m MaxText.train_compile $(ARGS)
 
 bench: setup
 	$(PY) benchmarks/quantize_bench.py

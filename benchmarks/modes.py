@@ -22,10 +22,8 @@ import jax  # noqa: E402
 from benchmarks import provenance  # noqa: E402
 
 from MaxText import config, train  # noqa: E402
+from MaxText.aot import targets  # noqa: E402
 from MaxText.runtime import preemption  # noqa: E402
-
-# Dense BF16 tensor-core peak per GPU (TFLOP/s, no sparsity) from NVIDIA's data sheets, for MFU.
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "B200": 2250.0, "GB200": 2500.0, "B300": 2250.0, "GB300": 2500.0}
 
 
 def fail(message):
@@ -127,12 +125,10 @@ def read_metrics(run_dir):
 
 
 def peak_tflops(device_kind: str):
-  """The device's dense BF16 peak, or None when it isn't a GPU we know."""
-  kind = device_kind.upper().replace("NVIDIA", "").replace("-", " ")
-  for name in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):
-    if name in kind.split() or kind.strip().startswith(name):
-      return PEAK_BF16_TFLOPS[name]
-  return None
+  """The device's dense BF16 tensor-core peak in TFLOP/s (MaxText/aot/targets.py's, from XLA's GPU specs), or None
+  when it isn't a GPU the target table knows."""
+  gpu = targets.of_device_kind(device_kind)
+  return gpu.peak_flops("bf16") / 1e12 if gpu is not None else None
 
 
 def train_mode(cfg):

@@ -1,6 +1,6 @@
-"""Throughput of quantization modes on one config, measured in one process: median step time after warm-up,
-TFLOP/s/device, Tokens/s/device, the speed ratio to the first mode (the baseline) and where the device
-time goes.
+"""Throughput of quantization modes on one config, each mode measured in its own process (no mode's buffers left
+on the device under the next): median step time after warm-up, TFLOP/s/device, Tokens/s/device, the speed ratio
+to the first mode (the baseline) and where the device time goes.
 
     python benchmarks/throughput.py --config configs/llama3_tiny.yml --modes bf16,te_fp8_currentscaling,te_nvfp4 \\
         --steps 30 --warmup 5 [--profile-steps 2] [--json out.json] [key=value ...]
@@ -12,15 +12,17 @@ more steps run under the profiler (profiler=xplane, outside the timed window) fo
 device milliseconds per step by category (GEMMs by operand dtype, attention, quantization and other
 elementwise work, collectives, copies) and the attention kernels' achieved TFLOP/s (cuDNN attention only:
 causal FLOPs, forward + backward = 3 x forward). Memory per mode: the compiled step's peak device memory from
-XLA's memory analysis (the trainer's step as profiled; without a profile, compiled again on one device) and,
-on GPUs, the allocator's peak_bytes_in_use (the process's peak so far). The host gap per step: the median wall
-step time minus the profiled device time per step, the time a GPU waits on the host (on CPU, whose ops run on
-several threads at once, it means nothing). On an NVIDIA GPU the run uses
-scripts/xla_flags.py's flags (--no-gpu-xla-flags: only $XLA_FLAGS).
+XLA's memory analysis (the trainer's step as profiled; without a profile, compiled again here) and, on GPUs, the
+allocator's peak_bytes_in_use (the mode's process's peak), beside train_compile's figure for the same config (the
+step compiled deviceless for this GPU model and count, MaxText/trainer/aot_step.py). The host gap per step: the
+median wall step time minus the profiled device time per step, the time a GPU waits on the host (on CPU, whose ops
+run on several threads at once, it means nothing). On an NVIDIA GPU the run uses scripts/xla_flags.py's flags
+(--no-gpu-xla-flags: only $XLA_FLAGS).
 """
 
 import json
 import pathlib
+import subprocess
 import sys
 import tempfile
 
@@ -29,15 +31,13 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
 from benchmarks import modes as modes_lib  # noqa: E402
-from MaxText import config, precision  # noqa: E402
+from MaxText import config  # noqa: E402
 from MaxText.model import accounting  # noqa: E402
-from MaxText.model.decoder import abstract_model  # noqa: E402
+from MaxText.aot import devices as aot_devices, targets  # noqa: E402
 from MaxText.runtime import preemption  # noqa: E402
-from MaxText.trainer import optimizer, train_step  # noqa: E402
-from MaxText.trainer.hooks import profiler as profiling  # noqa: E402
+from MaxText.trainer import aot_step  # noqa: E402
 from scripts import xla_flags  # noqa: E402
 
 DEFAULT_MODES = ["bf16", "te_fp8_currentscaling", "te_nvfp4"]
@@ -80,6 +80,7 @@ def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps
       json.loads((run_dir / "profile_summary.json").read_text(encoding="utf-8")) if profile_steps else None
     )
     memory = step_memory(cfg, profile_summary)
+    compiled = train_compile_memory(cfg)
     device_ms = profile_summary["device_ms_per_step"] if profile_summary else None
     rows.append(
       {
@@ -92,6 +93,8 @@ def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps
         "peak_memory_bytes": (memory or {}).get("peak_bytes"),
         "step_memory": memory,
         "allocator_peak_bytes": allocator_peak,
+        "train_compile_peak_bytes": (compiled or {}).get("peak_bytes"),
+        "train_compile_target": (compiled or {}).get("target"),
         "profile": profile_summary,
         "attention_tflops": (profile_summary or {}).get("attention_tflops"),
         "device_ms_per_step": device_ms,
@@ -105,30 +108,48 @@ def measure(config_path, overrides, modes, steps, warmup, out_dir, profile_steps
 
 
 def step_memory(cfg, profile_summary=None):
-  """The compiled train step's device memory per device (profiling.compiled_memory: XLA's memory analysis): the
-  trainer's own compiled step as the profile recorded it, else the step compiled here from the trainer's
-  functions on abstract arguments (one device only: with more the trainer's shardings decide; then None)."""
+  """The compiled train step's device memory per device (XLA's memory analysis): the trainer's own compiled step as
+  the profile recorded it, else the trainer's step compiled here on this machine's devices (aot_step)."""
   if profile_summary and profile_summary.get("memory"):
     return profile_summary["memory"]
-  if jax.device_count() != 1:
+  return aot_step.compile_step(cfg, jax.devices(), compile_only=False).memory
+
+
+def train_compile_memory(cfg):
+  """{peak_bytes, target} of train_compile's figure for this config on this machine's GPU model and count (the
+  step compiled deviceless, as on a machine without the GPU), or None off a GPU the target table knows."""
+  gpu = targets.of_device_kind(jax.devices()[0].device_kind)
+  if gpu is None or aot_devices.plugin_missing_reason() is not None or jax.device_count() > gpu.max_nvlink_domain:
     return None
-  graphdef, params, rest = abstract_model(cfg)
-  tx = optimizer.make_optimizer(cfg)
-  step = train_step.make_train_step(graphdef, tx, precision.plan_from_config(cfg), cfg.gradient_accumulation_steps)
-  b, l = config.RunShape.of(cfg, 1).global_batch_size, cfg.max_target_length
-  tokens = jax.ShapeDtypeStruct((b, l), jnp.int32)
-  batch = {
-    "inputs": tokens,
-    "targets": tokens,
-    "positions": tokens,
-    "segment_ids": tokens,
-    "weights": jax.ShapeDtypeStruct((b, l), jnp.float32),
-  }
-  step_index = jax.ShapeDtypeStruct((), jnp.int32)
-  opt_state = jax.eval_shape(tx.init, params)
-  return profiling.compiled_memory(
-    step.lower(params, rest, opt_state, batch, step_index, jax.random.key(cfg.seed)).compile()
-  )
+  target = targets.parse(f"{gpu.name}-{jax.device_count()}")
+  step = aot_step.compile_for_target(cfg, target)
+  return {"peak_bytes": step.memory["peak_bytes"], "target": target.name}
+
+
+def measure_in_processes(config_path, overrides, modes, steps, warmup, out_dir, profile_steps=0, gpu_xla_flags=True):
+  """measure(), each mode in a fresh process of this script (a mode's buffers never sit under the next's, as they
+  did on the H100 of 11-27: two quantized modes out of memory behind bf16's state); the ratios to the first. Every
+  mode's config is checked here first, before any trains."""
+  modes_lib.load_configs(config_path, list(overrides), modes)
+  rows = []
+  for mode in modes:
+    with tempfile.TemporaryDirectory() as tmp:
+      out = pathlib.Path(tmp) / "row.json"
+      argv = [sys.executable, __file__, "--config", str(config_path), "--modes", mode, "--steps", str(steps)]
+      argv += ["--warmup", str(warmup), "--profile-steps", str(profile_steps), "--out", str(out_dir)]
+      argv += ["--json", str(out), "--in-process", *([] if gpu_xla_flags else ["--no-gpu-xla-flags"]), *overrides]
+      print(f"throughput: {mode} in its own process ...", flush=True)
+      done = subprocess.run(argv, capture_output=True, text=True, check=False)
+      if done.returncode != 0 or not out.exists():
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        error = next((line for line in lines if line.startswith("error:")), lines[-1] if lines else "no output")
+        if done.returncode == 2 and error.startswith("error:"):
+          modes_lib.fail(error[len("error: ") :])
+        raise RuntimeError(f"measuring {mode} failed (exit {done.returncode}): {error}")
+      rows += json.loads(out.read_text(encoding="utf-8"))["rows"]
+  for row in rows:
+    row["ratio"] = rows[0]["median_s"] / row["median_s"]
+  return rows
 
 
 def allocator_peak_bytes():
@@ -147,15 +168,15 @@ def markdown(rows):
   lines = [
     "| mode | median step (s) | TFLOP/s/device | Tokens/s/device | MFU | vs "
     + rows[0]["mode"]
-    + " | step memory (GiB) | allocator peak (GiB) |",
-    "|---|---:|---:|---:|---:|---:|---:|---:|",
+    + " | step memory (GiB) | allocator peak (GiB) | train_compile (GiB) |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
   ]
   for r in rows:
     mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
     lines.append(
       f"| {r['mode']} | {r['median_s']:.4f} | {r['tflops_per_device']:.3f} | "
       f"{r['tokens_per_device']:.1f} | {mfu} | {r['ratio']:.2f}x | {_gib(r.get('peak_memory_bytes'))} | "
-      f"{_gib(r.get('allocator_peak_bytes'))} |"
+      f"{_gib(r.get('allocator_peak_bytes'))} | {_gib(r.get('train_compile_peak_bytes'))} |"
     )
   return "\n".join(lines)
 
@@ -194,13 +215,18 @@ def main(argv=None):
     "--profile-steps", type=int, default=2, help="profiled steps per mode after the timed ones (0 = no breakdown)"
   )
   parser.add_argument("--no-gpu-xla-flags", action="store_true", help="don't add scripts/xla_flags.py's flags")
+  parser.add_argument("--in-process", action="store_true", help="measure every mode in this process")
   args, overrides = parser.parse_known_args(argv)
   if args.steps <= 0 or args.warmup < 1 or args.profile_steps < 0:
     modes_lib.fail("--steps must be > 0, --warmup >= 1 (the first step compiles), --profile-steps >= 0")
   if not args.no_gpu_xla_flags:
     xla_flags.apply_if_gpu()  # before jax starts its backend
   with tempfile.TemporaryDirectory() as tmp, preemption.installed():  # SIGTERM / Ctrl-C: a clean stop
-    rows = measure(args.config, overrides, args.modes, args.steps, args.warmup, args.out or tmp, args.profile_steps)
+    measure_args = (args.config, overrides, args.modes, args.steps, args.warmup, args.out or tmp, args.profile_steps)
+    if args.in_process or len(args.modes) == 1:
+      rows = measure(*measure_args)
+    else:
+      rows = measure_in_processes(*measure_args, gpu_xla_flags=not args.no_gpu_xla_flags)
   info = modes_lib.machine()
   print(
     f"\nthroughput: {' '.join([args.config, *overrides])} ({args.steps} steps after {args.warmup} warm-up; "

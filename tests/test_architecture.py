@@ -21,6 +21,7 @@ RANKS = [
   ("MaxText.cli", 1),  # what the command lines share
   ("MaxText.storage", 1),  # local paths and URLs (fsspec), for everything above that reads or writes files
   ("MaxText.runtime", 2),
+  ("MaxText.aot", 2),  # GPU targets, compile-only devices, optimized-HLO reading, the roofline (no trainer)
   ("MaxText.data", 2),
   ("MaxText.precision", 3),
   ("MaxText.checkpointing", 4),  # Orbax, starting parameters, Hugging Face files (shardings, tokenizers, the plan)
@@ -29,10 +30,12 @@ RANKS = [
   ("MaxText.inference", 6),  # generation from a model: prefill, KV-cache decode steps, sampling
   ("MaxText.trainer.hooks", 7),  # what the loop calls
   ("MaxText.trainer.run_setup", 8),  # building a run: its hooks included
+  ("MaxText.trainer.aot_step", 8.5),  # the run's step compiled ahead of time (train_compile, dry_run, preflight)
   ("MaxText.trainer.run", 9),  # a run from start to end
   ("MaxText.train", 10),  # the CLI
   ("MaxText.convert_hf", 10),  # the Hugging Face conversion CLI
   ("MaxText.decode", 10),  # the generation CLI
+  ("MaxText.train_compile", 10),  # the ahead-of-time compilation CLI
 ]
 
 

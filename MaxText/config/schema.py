@@ -293,6 +293,17 @@ SCHEMA = {
     ("", "h100", "h200", "b200", "gb200", "b300", "gb300"),
   ),
   "num_devices": Key(int, 0, "dry_run: the device count to plan for (0 = the ici/dcn product, else local)"),
+  # -- ahead-of-time compilation for a GPU target (python -m MaxText.train_compile; dry_run)
+  "compile_topology": Key(
+    str,
+    "",
+    "GPU target to compile the train step for, on any machine: h100-N, h200-N, b200-N, gb200-N, b300-N, gb300-N "
+    "(N GPUs in one NVLink domain) or a3 (= h100-8); dry_run and train_compile report its compiled memory ('' = "
+    "none; dry_run then compiles for the local GPUs, if any)",
+  ),
+  "compile_topology_num_slices": Key(int, 1, "NVLink domains (hosts, for HGX) of compile_topology"),
+  "compile_report": Key(str, "", "train_compile: write the JSON report here ('' = none)"),
+  "compile_hlo": Key(str, "", "train_compile: write the compiled step's optimized HLO text here ('' = none)"),
   # -- data
   "dataset_type": Key(
     str,
@@ -521,6 +532,7 @@ RANGES = {
       "grain_max_pieces_per_document",
       "eval_steps",
       "checkpoint_period",
+      "compile_topology_num_slices",
       "num_vocab_tiling",
       "max_prefill_predict_length",
     )
@@ -587,6 +599,8 @@ PATH_KEYS = (
   "jax_cache_dir",
   "prompts_file",
   "decode_output_file",
+  "compile_report",
+  "compile_hlo",
   "hf_train_files",
   "hf_eval_files",
 )

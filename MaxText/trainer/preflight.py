@@ -91,14 +91,37 @@ def summary(cfg, run_shape, mesh_sizes):
   return "\n".join(lines), mem
 
 
-def memory_check(cfg, mem, devices):
-  """(fits, needed GiB, available GiB, of what) for the estimate against the device (or gpu_type) memory."""
+def memory_check(cfg, mem, devices, compiled=None):
+  """(fits, needed GiB, available GiB, of what) for the memory per device against the device's (or gpu_type's):
+  the compiled step's figure where there is one (`compiled`: {peak_bytes, available_bytes, target}, a step compiled
+  for a named compile_topology or the local GPUs), else the analytic estimate."""
+  if compiled is not None:
+    have = compiled["available_bytes"] / accounting.GIB
+    need = compiled["peak_bytes"] / accounting.GIB
+    return need <= have, need, have, compiled["target"]
   have, what = device_memory_gib(cfg, devices)
   return mem.total_gib <= have, mem.total_gib, have, what
 
 
-def print_plan(cfg, plan, run_shape, mesh_sizes, devices):
-  """Prints the summary and the precision plan (and, for a dry run, the memory check); returns the estimate."""
+def compiled_memory_lines(mem, compiled):
+  """The compiled step's memory per device, and the analytic estimate beside it where they differ by more than 10%."""
+  if compiled is None:
+    return []
+  need = compiled["peak_bytes"] / accounting.GIB
+  lines = [
+    f"compiled memory per device: {need:.2f} GiB (XLA's memory analysis of the step compiled for {compiled['target']})"
+  ]
+  if abs(need - mem.total_gib) > 0.1 * max(need, mem.total_gib):
+    lines.append(
+      f"  the analytic estimate above ({mem.total_gib:.2f} GiB) differs from it by {mem.total_gib / need - 1:+.0%}: "
+      "the compiled figure is the one checked"
+    )
+  return lines
+
+
+def print_plan(cfg, plan, run_shape, mesh_sizes, devices, compiled=None):
+  """Prints the summary and the precision plan (and, for a dry run, the memory check, with the compiled step's
+  figure where there is one); returns the estimate."""
   text, mem = summary(cfg, run_shape, mesh_sizes)
   print(text)
   print("precision plan:\n" + precision.format_plan(plan, cfg, accounting.gemm_flops(cfg)))
@@ -112,16 +135,22 @@ def print_plan(cfg, plan, run_shape, mesh_sizes, devices):
       "every step runs the plan above"
     )
   if cfg.dry_run:
-    fits, need, have, what = memory_check(cfg, mem, devices)
+    for line in compiled_memory_lines(mem, compiled):
+      print(line)
+    fits, need, have, what = memory_check(cfg, mem, devices, compiled)
     print(f"memory check: {need:.1f} GiB per device {'fits' if fits else 'does NOT fit'} in {have:.1f} GiB ({what})")
   return mem
 
 
-def check_memory(cfg, mem, devices):
-  fits, need, have, what = memory_check(cfg, mem, devices)
+def check_memory(cfg, mem, devices, compiled=None):
+  """A run whose memory per device (compiled where known, else estimated) exceeds the device's is refused."""
+  for line in compiled_memory_lines(mem, compiled):
+    print(line)
+  fits, need, have, what = memory_check(cfg, mem, devices, compiled)
   if not fits:
+    kind = "compiled (XLA's memory analysis)" if compiled is not None else "estimated"
     raise UserError(
-      f"estimated memory per device {need:.1f} GiB exceeds the {have:.1f} GiB available on {what} "
+      f"{kind} memory per device {need:.1f} GiB exceeds the {have:.1f} GiB available on {what} "
       f"({len(devices)} device(s)); use more devices, a smaller model, or lower per_device_batch_size / "
       "max_target_length, or remat_policy=full (or set hardware_memory_gib)"
     )

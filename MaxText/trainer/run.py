@@ -11,7 +11,7 @@ from MaxText.config import RunShape
 from MaxText.errors import UserError
 from MaxText.quantization import cpu_gemm
 from MaxText.runtime import compile_cache, distributed, job_stop, peers, preemption, sharding
-from MaxText.trainer import preflight, run_setup
+from MaxText.trainer import aot_step, preflight, run_setup
 from MaxText.trainer.loop import Loop, NonFiniteLoss
 
 
@@ -56,23 +56,29 @@ def train(cfg):
 
 def _train(cfg, process_index, process_count, watchdog, stop):
   devices = jax.devices()
-  num_devices, num_processes = (
-    preflight.planned_devices(cfg, len(devices)) if cfg.dry_run else (len(devices), process_count)
-  )
+  target = aot_step.named_target(cfg)
+  if target is not None:  # compile_topology: planned for the target's devices and hosts
+    num_devices, num_processes = target.num_devices, target.hosts
+  else:
+    num_devices, num_processes = (
+      preflight.planned_devices(cfg, len(devices)) if cfg.dry_run else (len(devices), process_count)
+    )
   run_shape = RunShape.of(cfg, num_devices)
   plan = precision.plan_from_config(cfg)
   mesh_sizes = preflight.sharding_plan(cfg, plan, num_devices, num_processes)
-  mem = preflight.print_plan(cfg, plan, run_shape, mesh_sizes, devices)
+  if not cfg.dry_run:
+    compile_cache.configure(cfg.jax_cache_dir)  # before the preflight compiles: the run's step is then a cache hit
+  compiled = aot_step.preflight_memory(cfg, target, devices, num_devices)
+  mem = preflight.print_plan(cfg, plan, run_shape, mesh_sizes, devices, compiled)
   if cfg.dry_run:
     return []
-  preflight.check_memory(cfg, mem, devices)
+  preflight.check_memory(cfg, mem, devices, compiled)
   preflight.check_storage(cfg)
   out_dir = preflight.run_dir(cfg)
   preflight.check_writable(out_dir)
   if watchdog is not None:  # jax's C++ messages (and its abort, should it come first) into the run directory
     log_dir = tempfile.gettempdir() if storage.is_remote(out_dir) else out_dir  # object storage has no append
     peers.native_stderr_to(os.path.join(log_dir, f"native_stderr.process{process_index}.log"))
-  compile_cache.configure(cfg.jax_cache_dir)
   run = run_setup.build(cfg, plan, run_shape, devices, process_index, process_count, out_dir)
   try:
     with sharding.use_mesh(run.mesh):

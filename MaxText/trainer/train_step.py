@@ -6,6 +6,7 @@ import typing
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -63,7 +64,9 @@ def make_train_step(graphdef, tx, plan, accumulation_steps, num_layers=0, state_
   With `num_layers` > 0 the step also returns quantization telemetry ("quant_stats": {gemm:
   [layers, roles, stats]}, averaged over micro-batches) through zero sinks' gradients.
   """
-  sinks = {g: jnp.zeros((num_layers, len(quant_stats.ROLES), len(quant_stats.STATS))) for g in GEMMS}
+  # Host zeros (numpy), not jnp: made eagerly, and a step compiled for a GPU that is not there (train_compile) has
+  # no device to put a jnp array on.
+  sinks = {g: np.zeros((num_layers, len(quant_stats.ROLES), len(quant_stats.STATS)), np.float32) for g in GEMMS}
 
   def micro_grads(params, rest, micro_batch, key):
     """Loss terms and gradients w.r.t. the parameters, `rest` (the amax histories: their gradient is the

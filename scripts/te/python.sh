@@ -9,5 +9,8 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 if ! "$VENV/bin/python" -c 'import ctypes; ctypes.CDLL("libcuda.so.1")' >/dev/null 2>&1; then
   export LD_LIBRARY_PATH="$VENV/lib/libcuda-stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # jax's CUDA plugin checks the CUDA libraries' versions through CUPTI, which needs a driver: without one the check
+  # fails and the plugin doesn't register, and compiling for a GPU target (compile-only devices) needs it registered.
+  export JAX_SKIP_CUDA_CONSTRAINTS_CHECK="${JAX_SKIP_CUDA_CONSTRAINTS_CHECK:-1}"
 fi
 exec "$VENV/bin/python" "$@"

@@ -15,15 +15,10 @@ from MaxText.quantization.backends import te as te_backend
 from MaxText.quantization.formats import Format
 
 PINS = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "te" / "requirements.txt"
-# TE's Python modules that hold a name get_device_compute_capability, by import or re-export (TE 2.20); the fixture
-# also patches any other module of the package that has one, and fails if one listed here doesn't.
-COMPUTE_CAPABILITY_HOLDERS = (
-  "transformer_engine_jax",
-  "transformer_engine.jax.quantize",
-  "transformer_engine.jax.quantize.device_utils",
-  "transformer_engine.jax.quantize.helper",
-  "transformer_engine.jax.cpp_extensions.gemm",
-)
+# TE's Python modules that hold a name get_device_compute_capability (te.COMPUTE_CAPABILITY_HOLDERS, which
+# te.compiling_for_sm patches too); the fixture also patches any other module of the package that has one, and fails
+# if one listed there doesn't.
+COMPUTE_CAPABILITY_HOLDERS = te_backend.COMPUTE_CAPABILITY_HOLDERS
 # Compute capabilities the tests lower for: Blackwell for the block-scaled recipes, Hopper for per-tensor FP8.
 SM_FOR_FORMAT = {Format.NVFP4: 100, Format.MXFP8: 100, Format.FP8_CURRENT: 90}
 

@@ -10,7 +10,7 @@ import enum
 import functools
 import logging
 
-from MaxText.quantization import dots
+from MaxText.quantization import dots, target
 from MaxText.quantization.backends import emulated, te, xla
 from MaxText.quantization.backends.base import Backend, OperandBackend
 from MaxText.quantization.errors import BackendError
@@ -51,9 +51,15 @@ BF16 = BF16Backend()
 EMULATED, XLA, TE = emulated.BACKEND, xla.BACKEND, te.BACKEND
 
 
-@functools.lru_cache(maxsize=None)
 def resolve(recipe: Recipe, requested: Choice = Choice.AUTO) -> Backend:
-  """The Backend that runs `recipe` for `requested`; asking for one that can't run here is a BackendError."""
+  """The Backend that runs `recipe` for `requested` on the device built for (target.py); asking for one that can't
+  run there is a BackendError."""
+  return _resolve(recipe, requested, target.named())
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve(recipe: Recipe, requested: Choice, named_target) -> Backend:
+  del named_target  # a cache key: the answer depends on the target
   if not isinstance(requested, Choice):
     raise BackendError(
       f"a backend request is a backends.Choice ({', '.join(c.name for c in Choice)}), got {requested!r}"
@@ -78,5 +84,7 @@ def resolve(recipe: Recipe, requested: Choice = Choice.AUTO) -> Backend:
     log.warning("%s: %s; running emulated %s numerics", recipe.name, reason, recipe.format.label)
   return EMULATED
 
+
+resolve.cache_clear = _resolve.cache_clear  # what tests that re-pin the GPU call
 
 __all__ = ["BF16", "EMULATED", "TE", "XLA", "Backend", "BackendError", "Choice", "OperandBackend", "resolve"]

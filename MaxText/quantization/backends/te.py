@@ -8,10 +8,12 @@ to CUDA from any machine: tests/te/).
 import contextlib
 import functools
 import importlib
+import sys
 
 import jax
 import jax.numpy as jnp
 
+from MaxText.quantization import target
 from MaxText.quantization.backends.base import REMAT_NAME
 from MaxText.quantization.formats import Format
 from MaxText.quantization.recipes import Recipe
@@ -21,16 +23,54 @@ FP8_MIN_SM = 89  # Ada / Hopper
 
 
 def gpu_compute_capability():
-  """Major*10+minor of the first GPU, or None without one."""
+  """Major*10+minor of the GPU built for (target.compiling_for's, else this machine's first), or None without one."""
+  named = target.named()
+  return named.sm if named is not None else target.local_gpu_sm()
+
+
+# TE's Python modules that hold a name get_device_compute_capability, by import or re-export (TE 2.20).
+COMPUTE_CAPABILITY_HOLDERS = (
+  "transformer_engine_jax",
+  "transformer_engine.jax.quantize",
+  "transformer_engine.jax.quantize.device_utils",
+  "transformer_engine.jax.quantize.helper",
+  "transformer_engine.jax.cpp_extensions.gemm",
+)
+
+
+@contextlib.contextmanager
+def compiling_for_sm(sm):
+  """Inside: Transformer Engine sees a GPU of compute capability `sm` (it asks the CUDA driver, which a machine
+  compiling for a GPU that is not there has not), so its recipes, layouts and kernels are the ones that GPU gets.
+  Nothing without TE."""
+  if _import_te() is None:
+    yield
+    return
+  holders = {
+    name: module
+    for name, module in list(sys.modules.items())
+    if (name == "transformer_engine_jax" or name.startswith("transformer_engine."))
+    and callable(getattr(module, "get_device_compute_capability", None))
+  }
+  saved = {name: module.get_device_compute_capability for name, module in holders.items()}
+  helper = importlib.import_module("transformer_engine.jax.quantize.helper")
+  device_utils = importlib.import_module("transformer_engine.jax.quantize.device_utils")
+  saved_support = helper._is_scaling_mode_supported  # pylint: disable=protected-access  (TE's cached answer)
+
+  def forget():  # what TE derived from an earlier answer: its support table and layout check
+    helper._is_scaling_mode_supported = None  # pylint: disable=protected-access
+    device_utils.is_fp8_gemm_with_all_layouts_supported.cache_clear()
+
+  for module in holders.values():
+    module.get_device_compute_capability = lambda gpu_id=0: sm
+  forget()
   try:
-    gpus = jax.devices("gpu")
-  except RuntimeError:
-    return None
-  cap = getattr(gpus[0], "compute_capability", None) if gpus else None
-  if not cap:
-    return None
-  major, minor = str(cap).split(".")
-  return int(major) * 10 + int(minor)
+    yield
+  finally:
+    for name, module in holders.items():
+      module.get_device_compute_capability = saved[name]
+    forget()
+    helper._is_scaling_mode_supported = saved_support  # pylint: disable=protected-access
 
 
 @functools.lru_cache(maxsize=None)

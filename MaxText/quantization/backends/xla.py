@@ -14,6 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from MaxText.quantization import target
 from MaxText.quantization.backends import emulated
 from MaxText.quantization.backends.base import OperandBackend
 from MaxText.quantization.formats import Format, mx, nvfp4
@@ -28,7 +29,7 @@ def unavailable_reason(recipe: Recipe, platform=None):
   if recipe.block_size is None:
     names = ", ".join(n for n, r in RECIPES.items() if r.block_size)
     return f"{recipe.name}: the xla backend runs the block-scaled recipes ({names}) only"
-  platform = platform or jax.default_backend()
+  platform = platform or target.platform()
   if platform not in ("gpu", "cuda"):
     return f"jax.nn.scaled_matmul (__op$block_scaled_dot) runs on NVIDIA GPUs only, not on {platform}"
   return None

@@ -12,8 +12,7 @@ quantizer into several fusions that each read the operand again. A `Kernels` mem
 
 import enum
 
-import jax
-
+from MaxText.quantization import target
 from MaxText.quantization.errors import BackendError
 
 
@@ -29,21 +28,12 @@ class Kernels(enum.Enum):
 CHOICES = ("auto", "pallas", "xla")  # what a user configures (quantization_kernels); INTERPRET is for tests
 
 
-def _nvidia_gpu():
-  try:
-    device = jax.devices("gpu")[0]
-  except RuntimeError:
-    return False
-  version = getattr(device.client, "platform_version", "") or ""
-  return "cuda" in version.lower() or device.device_kind.upper().startswith("NVIDIA")
-
-
 def unavailable_reason(platform=None):
   """None where the Triton kernels can run, else why not (one line)."""
-  platform = platform or jax.default_backend()
+  platform = platform or target.platform()
   if platform not in ("gpu", "cuda"):
     return f"the Pallas Triton quantization kernels run on NVIDIA GPUs only, not on {platform}"
-  if platform == "gpu" and not _nvidia_gpu():
+  if platform == "gpu" and not target.nvidia_gpu():
     return "the Pallas Triton quantization kernels run on NVIDIA GPUs only, not on this GPU"
   return None
 
@@ -57,6 +47,6 @@ def resolve(requested: Kernels = Kernels.AUTO) -> Kernels:
   reason = unavailable_reason()
   if requested is Kernels.PALLAS and reason is not None:
     raise BackendError(f"quantization_kernels=pallas: {reason}; use quantization_kernels=auto or xla")
-  if requested is Kernels.PALLAS or (reason is None and jax.device_count() == 1):
+  if requested is Kernels.PALLAS or (reason is None and target.device_count() == 1):
     return Kernels.PALLAS
   return Kernels.XLA

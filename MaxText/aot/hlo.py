@@ -1,0 +1,765 @@
+"""The optimized HLO text of a compiled GPU program as data: its computations and instructions, how many times each
+computation runs per step (while loops by their known trip counts), and every kernel the step launches with what it
+is (a GEMM of which kind, attention, a collective, an elementwise / memory kernel), its FLOPs and the bytes it moves.
+
+Pure text processing (no jax): `parse(text)` then `kernels(module)`. What a kernel is follows from XLA:GPU's own
+naming: cuBLAS GEMMs are custom calls `__cublas$lt$matmul` / `__cublas$gemm` (`$f8` for FP8), cuDNN's block-scaled
+GEMM is `__cudnn$blockScaledDot` (or a `__cudnn$fusion` around a scaled-dot), cuDNN attention `__cudnn$fmha*`,
+Pallas kernels `__gpu$xla.gpu.triton`, Transformer Engine's its `te_*` FFI targets, XLA's own Triton GEMMs fusions of
+kind `__triton_*gemm*`; a `dot` left in an ordinary fusion (or alone) is emitted by XLA as a loop, one thread per
+output element (`naive_loop`: always a defect to report).
+"""
+
+import collections
+import dataclasses
+import functools
+import json
+import math
+import re
+import typing
+
+# Bits per element of each HLO element type (the packed FP4 / int4 types take half a byte).
+BITS = {
+  "pred": 8,
+  "s2": 2,
+  "u2": 2,
+  "s4": 4,
+  "u4": 4,
+  "f4e2m1fn": 4,
+  "s8": 8,
+  "u8": 8,
+  "f8e4m3fn": 8,
+  "f8e5m2": 8,
+  "f8e4m3": 8,
+  "f8e3m4": 8,
+  "f8e4m3b11fnuz": 8,
+  "f8e4m3fnuz": 8,
+  "f8e5m2fnuz": 8,
+  "f8e8m0fnu": 8,
+  "s16": 16,
+  "u16": 16,
+  "f16": 16,
+  "bf16": 16,
+  "s32": 32,
+  "u32": 32,
+  "f32": 32,
+  "s64": 64,
+  "u64": 64,
+  "f64": 64,
+  "c64": 64,
+  "c128": 128,
+  "token": 0,
+}
+GEMM_KINDS = ("bf16", "fp8", "fp4_block_scaled", "mxfp8_block_scaled", "te", "triton", "naive_loop", "f32")
+CATEGORIES = ("gemm", "attention", "elementwise", "collective")
+COLLECTIVES = (
+  "all-reduce",
+  "all-gather",
+  "reduce-scatter",
+  "all-to-all",
+  "ragged-all-to-all",
+  "collective-permute",
+  "collective-broadcast",
+)
+# Instructions that launch nothing: views, tuples, control flow (their bodies are counted), the second half of an
+# asynchronous pair (the first half is the kernel).
+_FREE = frozenset(
+  {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "while",
+    "call",
+    "conditional",
+    "after-all",
+    "opt-barrier",
+    "add-dependency",
+    "partition-id",
+    "replica-id",
+    "domain",
+    "async-done",
+    "async-update",
+    "copy-done",
+    "send-done",
+    "recv-done",
+    "get-dimension-size",
+    "iota",  # folded into its users by XLA:GPU when unfused
+  }
+  | {f"{c}-done" for c in COLLECTIVES}
+)
+_SLICING = ("dynamic-slice", "slice", "gather")
+_VIEWS = ("bitcast", "reshape", "copy", "transpose")  # what a parameter passes through before a slice reads it
+
+
+@dataclasses.dataclass(frozen=True)
+class Array:
+  """One array type: element type and dimensions."""
+
+  dtype: str
+  dims: tuple
+
+  @property
+  def elements(self):
+    return math.prod(self.dims)
+
+  @property
+  def bytes(self):
+    return self.elements * BITS.get(self.dtype, 32) / 8
+
+
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+
+
+def arrays(type_text) -> tuple:
+  """Every array type in an HLO type (a tuple's leaves in order): 'bf16[2,3]{1,0}' -> (Array('bf16', (2, 3)),)."""
+  out = []
+  for dtype, dims in _ARRAY.findall(type_text):
+    if dtype in BITS:
+      out.append(Array(dtype, tuple(int(d) for d in dims.split(",") if d)))
+  return tuple(out)
+
+
+@dataclasses.dataclass
+class Instruction:
+  """One HLO instruction: `shapes` are its result's arrays (a tuple's leaves), `operands` the names it reads."""
+
+  name: str
+  opcode: str
+  shapes: tuple
+  operands: tuple
+  attributes: str
+  computation: str
+  root: bool = False
+  parameter_number: typing.Optional[int] = None  # a parameter's index in its computation's signature
+
+  @property
+  def bytes(self):
+    return sum(a.bytes for a in self.shapes)
+
+  @property
+  def target(self):
+    """A custom call's target, a fusion's backend kind (e.g. __triton_gemm, __cudnn$fusion), else ''."""
+    match = re.search(r'custom_call_target="([^"]+)"', self.attributes)
+    if match:
+      return match.group(1)
+    match = re.search(r'"fusion_backend_config":\s*\{\s*"kind":\s*"([^"]+)"', self.attributes)
+    return match.group(1) if match else ""
+
+  def called(self, key):
+    """The computation named by attribute `key` (calls, body, condition, to_apply), or None."""
+    match = re.search(rf"\b{key}=%?([\w.\-$]+)", self.attributes)
+    return match.group(1) if match else None
+
+  @property
+  def branches(self):
+    match = re.search(r"branch_computations=\{([^}]*)\}", self.attributes)
+    return [b.strip().lstrip("%") for b in match.group(1).split(",")] if match else []
+
+  @functools.cached_property
+  def backend_config(self) -> dict:
+    """The JSON backend_config (a dict; {} without one or where it doesn't parse)."""
+    start = self.attributes.find("backend_config=")
+    if start < 0:
+      return {}
+    text = self.attributes[start + len("backend_config=") :]
+    if not text.startswith("{"):
+      return {}
+    try:
+      return json.JSONDecoder().raw_decode(text)[0]
+    except ValueError:
+      return {}
+
+  @property
+  def op_name(self):
+    """The jax op path in the metadata (named scopes included), or ''."""
+    match = re.search(r'op_name="([^"]*)"', self.attributes)
+    return match.group(1) if match else ""
+
+
+@dataclasses.dataclass
+class Module:
+  """A parsed HLO module: {computation: [its instructions in order]} and the entry computation's name."""
+
+  computations: dict
+  entry: str
+
+  @functools.cached_property
+  def by_name(self):
+    """{(computation, instruction name): Instruction}."""
+    return {(c, i.name): i for c, instrs in self.computations.items() for i in instrs}
+
+  def operand(self, instruction, index):
+    """The instruction that defines `instruction`'s operand `index`."""
+    return self.by_name.get((instruction.computation, instruction.operands[index]))
+
+  def operand_arrays(self, instruction):
+    """Each operand's arrays (a tuple operand's leaves), in order."""
+    out = []
+    for name in instruction.operands:
+      defining = self.by_name.get((instruction.computation, name))
+      out.append(defining.shapes if defining is not None else ())
+    return out
+
+  def root(self, computation):
+    instrs = self.computations.get(computation, [])
+    return next((i for i in instrs if i.root), instrs[-1] if instrs else None)
+
+
+def _split_type(rhs):
+  """(type text, rest) of an instruction's right side: 'bf16[8]{0} add(...)', '(f32[2], s8[4]) custom-call(...)'."""
+  if rhs.startswith("("):
+    depth = 0
+    for i, ch in enumerate(rhs):
+      depth += {"(": 1, ")": -1}.get(ch, 0)
+      if depth == 0:
+        return rhs[: i + 1], rhs[i + 1 :].strip()
+  head, _, rest = rhs.partition(" ")
+  return head, rest.strip()
+
+
+def _call_parts(rest):
+  """(opcode, operand names, the text between the parentheses, attributes) of 'opcode(%a, %b), attr=...'."""
+  opcode, _, after = rest.partition("(")
+  depth, end = 1, len(after)
+  for i, ch in enumerate(after):
+    depth += {"(": 1, ")": -1}.get(ch, 0)
+    if depth == 0:
+      end = i
+      break
+  operands = tuple(re.findall(r"%([\w.\-]+)", after[:end]))
+  return opcode.strip(), operands, after[:end], after[end + 1 :].lstrip(", ")
+
+
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-$]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+
+
+def parse(text) -> Module:
+  """The Module of an optimized HLO module's text (`compiled.as_text()`)."""
+  computations, entry, current = collections.OrderedDict(), None, None
+  for line in text.splitlines():
+    stripped = line.strip()
+    if not stripped or stripped.startswith(("HloModule", "//", "#")):
+      continue
+    if stripped == "}":
+      current = None
+      continue
+    header = _HEADER.match(stripped) if current is None else None
+    if header:
+      current = header.group(2)
+      computations[current] = []
+      if header.group(1):
+        entry = current
+      continue
+    if current is None or " = " not in stripped:
+      continue
+    lhs, rhs = stripped.split(" = ", 1)
+    root = lhs.startswith("ROOT ")
+    name = lhs.replace("ROOT ", "").strip().lstrip("%")
+    type_text, rest = _split_type(rhs)
+    opcode, operands, inside, attributes = _call_parts(rest)
+    number = int(inside) if opcode == "parameter" and inside.strip().isdigit() else None
+    computations[current].append(
+      Instruction(name, opcode, arrays(type_text), operands, attributes, current, root, number)
+    )
+  if entry is None and computations:
+    entry = next(reversed(computations))
+  return Module(dict(computations), entry)
+
+
+# -- how often each computation runs -----------------------------------------------------------------------------
+
+
+def trip_count(instruction):
+  """A while loop's known trip count (XLA records it in the backend_config), else None."""
+  known = instruction.backend_config.get("known_trip_count", {})
+  return int(known["n"]) if "n" in known else None
+
+
+def executions(module) -> dict:
+  """{computation: times it runs per execution of the entry} for the computations that launch kernels (the entry,
+  while bodies and conditions, called computations, conditional branches, asynchronous ops' wrapped computations);
+  fused computations and reducers are not among them (they are parts of a kernel). A loop without a known trip
+  count counts once (unknown_loops lists them)."""
+  counts = collections.Counter()
+
+  def visit(computation, times):
+    counts[computation] += times
+    for instr in module.computations.get(computation, []):
+      if instr.opcode == "while":
+        n = trip_count(instr) or 1
+        visit(instr.called("body"), times * n)
+        visit(instr.called("condition"), times * (n + 1))
+      elif instr.opcode in ("call", "async-start"):
+        callee = instr.called("to_apply") or instr.called("calls")
+        if callee:
+          visit(callee, times)
+      elif instr.opcode == "conditional":
+        branches = instr.branches or [b for b in (instr.called("true_computation"), instr.called("false_computation"))]
+        for branch in branches:
+          if branch:
+            visit(branch, times / len(branches))  # one branch runs: the mean over them
+
+  visit(module.entry, 1)
+  return dict(counts)
+
+
+def unknown_loops(module):
+  """The while loops whose trip count XLA doesn't know (each counted as one trip)."""
+  return [
+    i.name for instrs in module.computations.values() for i in instrs if i.opcode == "while" and trip_count(i) is None
+  ]
+
+
+# -- what each kernel is -----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Kernel:
+  """One launched kernel (or library call) of the step and how often it runs per step."""
+
+  name: str
+  opcode: str
+  target: str
+  category: str  # gemm, attention, elementwise, collective
+  kind: str  # gemm kind, collective kind, or the elementwise kernel's kind (fusion, pallas, te, copy, ...)
+  count: float  # runs per step
+  flops: float = 0.0  # per run
+  bytes: float = 0.0  # HBM bytes read + written per run (estimate)
+  scope: str = ""  # the jax op path (metadata op_name)
+  dtypes: tuple = ()  # a GEMM's operand element types
+  collective: typing.Optional[dict] = None  # data bytes, group size, domains crossed
+  scores: float = 0.0  # attention: scores (Q-K pairs) per run, times passes over them (forward 1, backward 2)
+
+
+def _dot_flops(result, lhs, lhs_contracting):
+  """2 x output elements x contracted elements."""
+  return 2.0 * result.elements * math.prod(lhs.dims[d] for d in lhs_contracting if d < len(lhs.dims))
+
+
+def _dims(config, key):
+  return [int(d) for d in config.get(key, [])]
+
+
+def _gemm_kind(dtypes):
+  a = dtypes[0] if dtypes else ""
+  if a.startswith("f8"):
+    return "fp8"
+  if a == "f32":
+    return "f32"
+  return "bf16"
+
+
+def _block_scaled_kind(dtypes):
+  return "fp4_block_scaled" if dtypes and dtypes[0].startswith("f4") else "mxfp8_block_scaled"
+
+
+def _first_dot(module, computation, depth=0):
+  """The first dot / scaled-dot / convolution in a fused computation (nested fusions searched), or None."""
+  for instr in module.computations.get(computation, []):
+    if instr.opcode in ("dot", "scaled-dot", "convolution"):
+      return instr
+    if instr.opcode == "fusion" and depth < 4:
+      found = _first_dot(module, instr.called("calls"), depth + 1)
+      if found is not None:
+        return found
+  return None
+
+
+def _hlo_dot(module, dot):
+  """(flops, operand dtypes) of a `dot` / `scaled-dot` instruction from its dimension numbers."""
+  operands = module.operand_arrays(dot)
+  lhs = operands[0][0] if operands and operands[0] else None
+  contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", dot.attributes)
+  dims = [int(d) for d in contracting.group(1).split(",") if d] if contracting else []
+  dtypes = tuple(o[0].dtype for o in operands[:2] if o)
+  if lhs is None or not dot.shapes:
+    return 0.0, dtypes
+  return _dot_flops(dot.shapes[0], lhs, dims), dtypes
+
+
+def _library_gemm(module, instr):
+  """(kind, flops, operand dtypes) of a cuBLAS / cuDNN GEMM custom call."""
+  operands = module.operand_arrays(instr)
+  dtypes = tuple(o[0].dtype for o in operands[:2] if o)
+  target = instr.target
+  config = instr.backend_config.get("gemm_backend_config") or {}
+  numbers = config.get("dot_dimension_numbers") or {}
+  contracting = _dims(numbers, "lhs_contracting_dimensions")
+  if target == "__cudnn$blockScaledDot":
+    contracting = contracting or [len(operands[0][0].dims) - 1]  # [batch, M, K] x [batch, N, K]
+    kind = _block_scaled_kind(dtypes)
+  else:
+    kind = "fp8" if target.endswith("$f8") else _gemm_kind(dtypes)
+  flops = _dot_flops(instr.shapes[0], operands[0][0], contracting) if operands and operands[0] else 0.0
+  return kind, flops, dtypes
+
+
+def _te_gemm(module, instr):
+  """(flops, operand dtypes) of a Transformer Engine GEMM call (lhs, lhs scale, rhs, rhs scale, ...): K from the
+  element counts, lhs x rhs = out x K^2 for [M, K] x [N, K] -> [M, N] whichever operand is transposed."""
+  operands = module.operand_arrays(instr)
+  if len(operands) < 3 or not operands[0] or not operands[2] or not instr.shapes:
+    return 0.0, ()
+  lhs, rhs, out = operands[0][0], operands[2][0], instr.shapes[0]
+  k = math.sqrt(lhs.elements * rhs.elements / out.elements) if out.elements else 0.0
+  return 2.0 * out.elements * k, (lhs.dtype, rhs.dtype)
+
+
+def attention_work(module, instr):
+  """(FLOPs, scores) of a cuDNN fused attention call. FLOPs: the forward's two GEMMs, 4 B H Lq Lk D, halved where
+  causal; the backward's five, 2.5 x that (S recomputed, dP, dS Q, dS K, P dO). Scores: B H Lq Lk (halved where
+  causal), once in the forward, twice in the backward (recomputed, then their gradient)."""
+  config = instr.backend_config.get("cudnn_fmha_backend_config") or {}
+  dims = [int(d) for d in (config.get("intermediate_tensor_shape") or {}).get("dimensions", [])]
+  operands = module.operand_arrays(instr)
+  if len(dims) != 4 or not operands or not operands[0]:
+    return 0.0, 0.0
+  scores = float(math.prod(dims))
+  if config.get("mask_type", "") in ("CAUSAL", "PADDING_CAUSAL"):
+    scores /= 2
+  forward = 4.0 * scores * operands[0][0].dims[-1]
+  backward = "Backward" in instr.target
+  return forward * (2.5 if backward else 1.0), scores * (2.0 if backward else 1.0)
+
+
+def _is_te(target):
+  return target.startswith("te_") or target.startswith("transformer_engine")
+
+
+def _integer(dtypes):
+  """Whether a dot's operands are integers or booleans (no library GEMM takes them: XLA's loop is the only way)."""
+  return bool(dtypes) and all(d == "pred" or d[0] in "su" for d in dtypes)
+
+
+def _library_kind(target):
+  """'gemm', 'attention', 'block_scaled' or '' for a custom call target."""
+  t = target.lower()
+  if target == "__cudnn$blockScaledDot":
+    return "block_scaled"
+  if t.startswith("__cudnn$fmha") or "flash" in t or "attention" in t:
+    return "attention"
+  if target.startswith("__cublas") or (_is_te(target) and "gemm" in t):
+    return "gemm"
+  return ""
+
+
+def _through_views(module, computation, name, depth=0):
+  """The instructions of a computation that read `name`, looking through single-operand views (bitcast, ...)."""
+  users = []
+  for instr in module.computations.get(computation, []):
+    if name not in instr.operands:
+      continue
+    if instr.opcode in _VIEWS and len(instr.operands) == 1 and depth < 4:
+      users += _through_views(module, computation, instr.name, depth + 1) or [instr]
+    else:
+      users.append(instr)
+  return users
+
+
+def _source(module, computation, name, depth=0):
+  """The instruction `name` is a view of (bitcasts, reshapes, copies looked through)."""
+  instr = module.by_name.get((computation, name))
+  while instr is not None and instr.opcode in _VIEWS and instr.operands and depth < 4:
+    instr, depth = module.by_name.get((computation, instr.operands[0])), depth + 1
+  return instr
+
+
+def _outputs(module, computation):
+  """The arrays a computation's root writes: a tuple's elements, else the root itself."""
+  root = module.root(computation)
+  if root is None:
+    return []
+  if root.opcode == "tuple":
+    return [module.by_name[(computation, n)] for n in root.operands if (computation, n) in module.by_name]
+  return [root]
+
+
+def kernel_bytes(module, instr):
+  """HBM bytes a kernel reads and writes, as XLA's cost model counts a fusion's: an operand the kernel only slices
+  (dynamic-slice, slice, gather) counts the slices read; a buffer updated in place (the operand of a root
+  dynamic-update-slice or scatter) is not read, and only the update is written; every other operand and output
+  whole."""
+  body = instr.called("calls") if instr.opcode == "fusion" else None
+  operands = module.operand_arrays(instr)
+  if body is None:
+    return sum(a.bytes for arrays_ in operands for a in arrays_) + instr.bytes
+  params = {i.parameter_number: i for i in module.computations.get(body, []) if i.opcode == "parameter"}
+  in_place, written = set(), 0.0
+  for out in _outputs(module, body):
+    update_index = _IN_PLACE.get(out.opcode)
+    buffer = _source(module, body, out.operands[0]) if update_index is not None else None
+    if buffer is not None and buffer.opcode == "parameter" and len(out.operands) > update_index:
+      in_place.add(buffer.parameter_number)
+      update = module.by_name.get((body, out.operands[update_index]))
+      written += update.bytes if update is not None else 0.0
+    else:
+      written += out.bytes
+  read = 0.0
+  for index, arrays_ in enumerate(operands):
+    if index in in_place:
+      continue
+    whole = sum(a.bytes for a in arrays_)
+    param = params.get(index)
+    users = _through_views(module, body, param.name) if param is not None else []
+    if users and all(
+      u.opcode in _SLICING and u.operands and u.operands[0] in _viewed_names(module, body, param) for u in users
+    ):
+      read += min(whole, sum(u.bytes for u in users))
+    else:
+      read += whole
+  return read + written
+
+
+# Root ops that update their first operand in place (XLA aliases the buffer): the operand index of the update.
+_IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}
+
+
+def _viewed_names(module, computation, param):
+  """`param`'s name and the names of the views of it (what a slice of the parameter reads as its operand 0)."""
+  names, frontier = {param.name}, [param.name]
+  while frontier:
+    name = frontier.pop()
+    for instr in module.computations.get(computation, []):
+      if name in instr.operands and instr.opcode in _VIEWS and len(instr.operands) == 1 and instr.name not in names:
+        names.add(instr.name)
+        frontier.append(instr.name)
+  return names
+
+
+# -- collectives -------------------------------------------------------------------------------------------------
+
+
+def _iota_groups(text):
+  """Groups of replica_groups=[G,S]<=[d0,d1,...]T(p0,p1,...) (the iota form)."""
+  match = re.match(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", text)
+  shape = [int(x) for x in match.group(1).split(",")]
+  reshape = [int(x) for x in match.group(2).split(",")]
+  perm = [int(x) for x in match.group(3).split(",")] if match.group(3) else list(range(len(reshape)))
+  ids = _transpose(list(range(math.prod(reshape))), reshape, perm)
+  size = shape[-1]
+  return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+
+def _transpose(flat, dims, perm):
+  """Row-major `flat` of shape `dims`, transposed by `perm`, flattened again (no numpy: this module is pure text)."""
+  strides = [math.prod(dims[i + 1 :]) for i in range(len(dims))]
+  out_dims = [dims[p] for p in perm]
+  out = []
+  for index in range(math.prod(dims)):
+    coords, rest = [], index
+    for d in reversed(out_dims):
+      coords.append(rest % d)
+      rest //= d
+    coords.reverse()
+    out.append(flat[sum(c * strides[p] for c, p in zip(coords, perm))])
+  return out
+
+
+def _mesh_groups(text):
+  """Groups of replica_groups=mesh['a'=4,'b'=2] {'a'} (devices over the named axes, one group per other index)."""
+  match = re.match(r"mesh\[([^\]]*)\]\s*\{([^}]*)\}", text)
+  axes = [(n.strip().strip("'\""), int(v)) for n, v in (a.split("=") for a in match.group(1).split(",") if "=" in a)]
+  over = [a.strip().strip("'\"") for a in match.group(2).split(",") if a.strip()]
+  names = [n for n, _ in axes]
+  dims = [v for _, v in axes]
+  perm = [i for i, n in enumerate(names) if n not in over] + [names.index(n) for n in over]
+  ids = _transpose(list(range(math.prod(dims))), dims, perm)
+  size = math.prod(v for n, v in axes if n in over)
+  return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+
+def replica_groups(instr, num_devices):
+  """The device groups a collective runs over (every form XLA prints), or all devices in one group."""
+  attrs = instr.attributes
+  match = re.search(
+    r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\}|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?|\{[{}\d, ]*\})", attrs
+  )
+  if match:
+    text = match.group(1)
+    if text.startswith("mesh"):
+      return _mesh_groups(text)
+    if text.startswith("["):
+      return _iota_groups(text)
+    groups = [[int(x) for x in g.split(",") if x.strip()] for g in re.findall(r"\{([\d, ]*)\}", text[1:-1])]
+    groups = [g for g in groups if g]
+    if groups:
+      return groups
+  pairs = re.search(r"source_target_pairs=\{(.*?)\}\}?", attrs)
+  if pairs:
+    found = [tuple(int(x) for x in p.split(",")) for p in re.findall(r"\{(\d+,\d+)\}", attrs)]
+    return [list(p) for p in found if p[0] != p[1]]
+  return [list(range(num_devices))]
+
+
+def _collective_opcode(instr):
+  """'all-gather' of all-gather / all-gather-start; None for other ops."""
+  base = instr.opcode[: -len("-start")] if instr.opcode.endswith("-start") else instr.opcode
+  return base if base in COLLECTIVES else None
+
+
+def collective_info(module, instr, num_devices, devices_per_domain):
+  """{kind, data_bytes, group_size, domains, nvlink_bytes, network_bytes, wire_bytes} of a collective.
+
+  data_bytes: its size per device (an all-reduce's input, an all-gather's output, a reduce-scatter's input, an
+  all-to-all's or permute's input). What each device sends, bandwidth-optimally (NCCL's rings inside an NVLink
+  domain, one exchange per GPU across domains, every GPU's own NIC busy): a group of n devices over D domains moves
+  an all-gather's or reduce-scatter's S as S (D-1)/n over the network and S (n-D)/n over NVLink (D = 1: the ring's
+  S (n-1)/n; D = n: all of it over the network); an all-reduce twice that; an all-to-all S (n - n/D)/n across and
+  S (n/D - 1)/n inside; a permute S over the link its pairs use."""
+  kind = _collective_opcode(instr)
+  operand_bytes = sum(a.bytes for arrays_ in module.operand_arrays(instr) for a in arrays_)
+  groups = replica_groups(instr, num_devices)
+  domain_of = lambda d: d // devices_per_domain
+  if kind == "collective-permute":
+    crossing = any(domain_of(a) != domain_of(b) for a, b in groups)
+    sent = operand_bytes if groups else 0.0
+    n, domains = 2 if groups else 1, 2 if crossing else 1
+    nvlink, network = (0.0, sent) if crossing else (sent, 0.0)
+    data = operand_bytes
+  else:
+    n = max(len(g) for g in groups) if groups else 1
+    domains = max(len({domain_of(d) for d in g}) for g in groups) if groups else 1
+    data = operand_bytes * (n if kind == "all-gather" else 1)
+    if kind in ("all-to-all", "ragged-all-to-all"):
+      per_domain = n / domains
+      network, nvlink = data * (n - per_domain) / n, data * (per_domain - 1) / n
+    else:
+      times = 2 if kind == "all-reduce" else 1
+      network, nvlink = times * data * (domains - 1) / n, times * data * (n - domains) / n
+  return {
+    "kind": kind,
+    "data_bytes": data,
+    "group_size": n,
+    "domains": domains,
+    "nvlink_bytes": nvlink,
+    "network_bytes": network,
+    "wire_bytes": nvlink + network,
+  }
+
+
+# -- the kernels -------------------------------------------------------------------------------------------------
+
+
+def classify(module, instr):
+  """(category, kind, flops per run, operand dtypes) of one launched instruction, or None for one that launches
+  nothing (views, tuples, control flow)."""
+  opcode, target = instr.opcode, instr.target
+  if opcode in _FREE:
+    return None
+  if _collective_opcode(instr):
+    return "collective", _collective_opcode(instr), 0.0, ()
+  if opcode == "async-start":
+    return None  # its wrapped computation runs the work: visited as an executed computation
+  if opcode == "custom-call":
+    library = _library_kind(target)
+    if library == "attention":
+      return "attention", "cudnn" if target.startswith("__cudnn") else "other", attention_work(module, instr)[0], ()
+    if library in ("gemm", "block_scaled"):
+      if _is_te(target):
+        return ("gemm", "te", *_te_gemm(module, instr))
+      kind, flops, dtypes = _library_gemm(module, instr)
+      return "gemm", kind, flops, dtypes
+    if target == "__gpu$xla.gpu.triton":
+      return "elementwise", "pallas", 0.0, ()
+    if _is_te(target):
+      return "elementwise", "te_kernel", 0.0, ()
+    return "elementwise", "custom-call", 0.0, ()
+  if opcode in ("dot", "scaled-dot", "convolution"):
+    flops, dtypes = _hlo_dot(module, instr)
+    return ("elementwise", "integer_dot", flops, dtypes) if _integer(dtypes) else ("gemm", "naive_loop", flops, dtypes)
+  if opcode == "fusion":
+    body = instr.called("calls")
+    dot = _first_dot(module, body)
+    if target.startswith("__cudnn$fusion") and dot is not None:
+      flops, dtypes = _hlo_dot(module, dot)
+      kind = _block_scaled_kind(dtypes) if dot.opcode == "scaled-dot" else _gemm_kind(dtypes)
+      return "gemm", kind, flops, dtypes
+    if "gemm" in target or target == "__triton_scaled_dot_fusion":
+      flops, dtypes = _hlo_dot(module, dot) if dot is not None else (0.0, ())
+      return "gemm", "triton", flops, dtypes
+    if dot is not None:
+      flops, dtypes = _hlo_dot(module, dot)
+      if _integer(dtypes):  # index arithmetic (TE's, e.g.), not a GEMM of the model
+        return "elementwise", "integer_dot", flops, dtypes
+      return "gemm", "naive_loop", flops, dtypes
+    return "elementwise", "fusion", 0.0, ()
+  if opcode in ("copy", "copy-start", "transpose"):
+    return "elementwise", "copy", 0.0, ()
+  return "elementwise", opcode, 0.0, ()
+
+
+def kernels(module, num_devices=1, devices_per_domain=None) -> list:
+  """Every kernel of the step: one Kernel per launching instruction of each executed computation, with its runs per
+  step. `devices_per_domain`: GPUs per NVLink domain (a collective whose groups span several crosses the network)."""
+  devices_per_domain = devices_per_domain or num_devices
+  out = []
+  for computation, times in executions(module).items():
+    for instr in module.computations.get(computation, []):
+      found = classify(module, instr)
+      if found is None:
+        continue
+      category, kind, flops, dtypes = found
+      kernel = Kernel(instr.name, instr.opcode, instr.target, category, kind, times, flops, 0.0, instr.op_name, dtypes)
+      if category == "attention":
+        kernel.scores = attention_work(module, instr)[1]
+      if category == "collective":
+        kernel.collective = collective_info(module, instr, num_devices, devices_per_domain)
+        kernel.bytes = kernel.collective["wire_bytes"]
+      else:
+        kernel.bytes = kernel_bytes(module, instr)
+      out.append(kernel)
+  return out
+
+
+# Named scopes of the model's GEMMs (their remat names) -> the GEMM, for counting a program's GEMMs per site.
+GEMM_SCOPES = {
+  "query_proj": "q",
+  "key_proj": "k",
+  "value_proj": "v",
+  "out_proj": "o",
+  "mlpwi_0": "gate",
+  "mlpwi_1": "up",
+  "mlpwi": "gate_up",
+  "mlpwo": "down",
+  "logits": "lm_head",
+}
+
+
+_EINSUM = re.compile(r"\b[a-z]*,[a-z]*->[a-z]*\b")
+
+
+def gemm_site(scope):
+  """The model GEMM a kernel's op path names (gate, up, down, q, ..., by the Dense layers' named scopes), or by the
+  model's einsum letters: lm_head (over the vocabulary, v: 'bld,dv->blv'), attention (XLA's attention: query and key
+  lengths, l and s: 'blkgd,bskd->bkgls'); else 'other'."""
+  found = [GEMM_SCOPES[p] for p in re.split(r"[/()]", scope) if p in GEMM_SCOPES]
+  if found:
+    return found[-1]
+  einsums = _EINSUM.findall(scope)
+  if any("v" in e for e in einsums):
+    return "lm_head"
+  return "attention" if any("l" in e and "s" in e for e in einsums) else "other"
+
+
+def summary(kernel_list) -> dict:
+  """{gemms: {kind: runs per step}, gemm_flops: {kind: FLOPs per step}, gemm_sites: {site: {kind: runs}},
+  collectives: {kind: data bytes per step}, kernels: {category/kind: runs per step}} of a kernel list."""
+  gemms, flops, sites = collections.Counter(), collections.Counter(), collections.defaultdict(collections.Counter)
+  collectives, launches = collections.Counter(), collections.Counter()
+  for k in kernel_list:
+    launches[f"{k.category}/{k.kind}"] += k.count
+    if k.category == "gemm":
+      gemms[k.kind] += k.count
+      flops[k.kind] += k.flops * k.count
+      sites[gemm_site(k.scope)][k.kind] += k.count
+    elif k.category == "collective":
+      collectives[k.kind] += k.collective["data_bytes"] * k.count
+  return {
+    "gemms": dict(gemms),
+    "gemm_flops": dict(flops),
+    "gemm_sites": {s: dict(c) for s, c in sorted(sites.items())},
+    "collectives": dict(collectives),
+    "kernels": dict(launches),
+  }

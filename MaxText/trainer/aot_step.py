@@ -1,0 +1,323 @@
+"""The trainer's own train step compiled ahead of time, nothing run and nothing allocated: for a GPU target that is not
+here (compile_topology's compile-only devices) or for this machine's devices. What the compiled program holds: XLA's
+memory analysis, every kernel (GEMMs by kind, attention, collectives, elementwise), and a roofline estimate of its
+time. train_compile's engine, and the compiled figure dry_run and the preflight check memory with.
+
+The step is the one the run would execute (StepFunctions' variant for a step without telemetry): the run's mesh and
+shardings, its donation, remat policy and precision plan, with the backends and kernels the target would pick
+(quantization/target.py), compiled with the XLA flags the project's GPU jobs set (runtime/xla_flags.py) unless
+$XLA_FLAGS sets them.
+"""
+
+import contextlib
+import dataclasses
+import os
+import time
+import typing
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from MaxText import precision
+from MaxText.aot import devices as aot_devices, hlo, roofline, targets
+from MaxText.config import RunShape
+from MaxText.data.batch import Batch
+from MaxText.model import accounting
+from MaxText.quantization import backends, partition, target as quant_target
+from MaxText.quantization.backends import te as te_backend
+from MaxText.runtime import sharding, xla_flags
+from MaxText.trainer import optimizer, run_setup
+from MaxText.trainer.hooks.profiler import compiled_memory
+from MaxText.trainer.train_step import StepFunctions
+
+GIB = 2**30
+DEFAULT_MEM_FRACTION = 0.75  # jax's XLA_PYTHON_CLIENT_MEM_FRACTION default: the share of HBM its allocator takes
+
+
+@dataclasses.dataclass
+class CompiledStep:
+  """A compiled train step and what it holds, per device."""
+
+  target: str  # 'h100-8', or the local devices' kind
+  gpu: typing.Optional[targets.Gpu]  # None: a device the target table doesn't know (no estimate)
+  num_devices: int
+  mesh: dict  # {axis: size}
+  memory: dict  # argument/output/alias/temp/peak bytes (XLA's memory analysis), device_bytes, available_bytes
+  kernels: list  # hlo.Kernel of the optimized program
+  hlo_text: str
+  seconds: float  # lowering + compiling
+  backends: dict  # {recipe: the backend (and quantizer kernels) that ran it}
+  flops_per_device: float  # MaxText's training FLOPs per device per step
+  tokens_per_device: float
+
+  @property
+  def fits(self):
+    """Whether the step fits the memory the device leaves it (True where that is unknown: 0)."""
+    available = self.memory["available_bytes"]
+    return available <= 0 or self.memory["peak_bytes"] <= available
+
+  def summary(self):
+    return hlo.summary(self.kernels)
+
+  def estimate(self, calibration=roofline.DEFAULT):
+    """The roofline estimate on the target GPU (None where the GPU is not in the target table)."""
+    if self.gpu is None:
+      return None
+    return roofline.estimate(self.kernels, self.gpu, calibration, self.flops_per_device, self.tokens_per_device)
+
+
+def memory_fraction():
+  """The share of a GPU's memory jax's allocator takes: $XLA_PYTHON_CLIENT_MEM_FRACTION, else jax's 0.75."""
+  try:
+    return float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", DEFAULT_MEM_FRACTION))
+  except ValueError:
+    return DEFAULT_MEM_FRACTION
+
+
+def _steady_step(cfg):
+  """A step index the run executes with the plan's usual program: the first after 0 without quantization telemetry."""
+  period = cfg.quantization_stats_period
+  step = 1
+  while period > 1 and step % period == 0:
+    step += 1
+  return step
+
+
+def abstract_inputs(cfg, mesh, run_shape):
+  """(graphdef, optimizer, the state's shardings (params, rest, opt_state), the step's abstract arguments) on `mesh`:
+  the train state exactly as the run builds it (run_setup.abstract_train_state: every leaf in its sharding) and the
+  batch, step and seed key, as jax.ShapeDtypeStruct."""
+  tx = optimizer.make_optimizer(cfg)
+  graphdef, state = run_setup.abstract_train_state(cfg, mesh, tx)
+  replicated = NamedSharding(mesh, P())
+  batch_sharding = sharding.batch_sharding(mesh)
+  rows, length = run_shape.global_batch_size, cfg.max_target_length
+  dtype = lambda field: jnp.float32 if field == "weights" else jnp.int32
+  batch = {f: jax.ShapeDtypeStruct((rows, length), dtype(f), sharding=batch_sharding) for f in Batch._fields}
+  key_type = jax.eval_shape(lambda: jax.random.key(0))
+  args = (
+    state.params,
+    state.rest,
+    state.opt_state,
+    batch,
+    jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
+    jax.ShapeDtypeStruct(key_type.shape, key_type.dtype, sharding=replicated),
+  )
+  return graphdef, tx, run_setup.state_shardings(state), args
+
+
+def _backends_used(plan):
+  """{recipe name: 'backend' or 'backend (kernels)'} of the quantized GEMMs, as resolved for the target."""
+  out = {}
+  for _, _, gemms in plan.layer_ranges:
+    for prec in gemms.values():
+      if not prec.recipe.quantized:
+        continue
+      backend = backends.resolve(prec.recipe, prec.backend)
+      text = backend.name
+      if backend is backends.EMULATED:  # a stateless recipe's GEMMs are partitioned: each device quantizes its shard
+        kernels = prec.kernels if prec.recipe.stateful else partition.per_shard_kernels(prec.kernels)
+        text += f" ({backend.quantizers(kernels)} quantizers)"
+      out[prec.recipe.name] = text
+  return out
+
+
+def compile_step(
+  cfg, devices, gpu=None, *, target_name=None, compile_only=True, devices_per_domain=None, xla_options=None
+):
+  """The CompiledStep of `cfg`'s train step over `devices` (compile-only devices of a GPU target when
+  `compile_only`, else this machine's), with `gpu` (aot.targets.Gpu) for the memory limit and the estimate.
+  `devices_per_domain`: GPUs per NVLink domain (default: per process). `xla_options`: per-compilation XLA options
+  (default: the project's GPU flags for compile-only devices, none for local devices, which compile as the run will,
+  with $XLA_FLAGS)."""
+  start = time.perf_counter()
+  devices = list(devices)
+  mesh = sharding.make_mesh(cfg, devices)
+  run_shape = RunShape.of(cfg, len(devices))
+  plan = precision.plan_from_config(cfg)
+  sm = gpu.sm if gpu is not None else None
+  named = contextlib.ExitStack()
+  if compile_only:
+    named.enter_context(quant_target.compiling_for(sm, len(devices)))
+    if plan.quantized and sm is not None:
+      named.enter_context(te_backend.compiling_for_sm(sm))  # TE asks the driver, which isn't the target's
+  # Outside the mesh's context: optax's tree_map_params initializes the optimizer eagerly (a jnp.zeros), which no
+  # compile-only device can hold; on the default (host) device it holds nothing that matters.
+  graphdef, tx, state_shardings, args = abstract_inputs(cfg, mesh, run_shape)
+  with named, sharding.use_mesh(mesh):  # Transformer Engine's GEMMs partitioned by its rules, traced and compiled
+    steps = StepFunctions(cfg, graphdef, tx, plan, state_shardings, seed_key=None)
+    _, step_fn = steps.for_step(_steady_step(cfg))
+    with jax.default_device(devices[0]):  # Pallas' Triton lowering asks the default device for its GPU
+      lowered = step_fn.lower(*args)
+    used = _backends_used(plan)
+    if xla_options is None:
+      xla_options = xla_flags.compiler_options(len(devices)) if compile_only else {}
+    compiled = lowered.compile(compiler_options=xla_options or None)
+  memory = compiled_memory(compiled) or {}
+  if compile_only:
+    device_bytes = gpu.device_memory_size if gpu is not None else 0
+    memory["device_bytes"], memory["available_bytes"] = device_bytes, int(device_bytes * memory_fraction())
+  else:  # this machine's devices: what jax's allocator has (its limit, the memory fraction applied)
+    memory["device_bytes"] = memory["available_bytes"] = _local_bytes_limit(devices)
+  text = compiled.as_text()
+  domain = devices_per_domain or len(devices) // len({d.process_index for d in devices})
+  kernel_list = hlo.kernels(hlo.parse(text), len(devices), domain)
+  flops = accounting.training_flops_per_device(cfg).total
+  return CompiledStep(
+    target=target_name or devices[0].device_kind,
+    gpu=gpu,
+    num_devices=len(devices),
+    mesh=dict(mesh.shape),
+    memory=memory,
+    kernels=kernel_list,
+    hlo_text=text,
+    seconds=time.perf_counter() - start,
+    backends=used,
+    flops_per_device=flops,
+    tokens_per_device=run_shape.tokens_per_step / len(devices),
+  )
+
+
+def _local_bytes_limit(devices):
+  """The allocator's limit on this process's first device (another process's devices report nothing here)."""
+  local = next((d for d in devices if d.process_index == jax.process_index()), devices[0])
+  stats = local.memory_stats() if hasattr(local, "memory_stats") else None
+  return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else 0
+
+
+def compile_for_target(cfg, target):
+  """compile_step for an aot.targets.Target on its compile-only devices (needs jax's CUDA plugin)."""
+  devices = aot_devices.for_target(target)
+  return compile_step(
+    cfg, devices, target.gpu, target_name=target.name, compile_only=True, devices_per_domain=target.gpus_per_slice
+  )
+
+
+def gib(nbytes):
+  return nbytes / GIB
+
+
+# -- the report --------------------------------------------------------------------------------------------------
+
+
+def report(step: CompiledStep, cfg, calibration=roofline.DEFAULT):
+  """The JSON report of a compiled step (train_compile's compile_report): target, memory, GEMMs by kind (and by
+  model site), collectives' bytes per step, kernels launched per step, and the roofline estimate (labelled as a
+  compiled estimate), with the dry run's analytic memory estimate beside XLA's figure."""
+  found = step.summary()
+  analytic = accounting.memory_per_device(cfg, step.mesh, RunShape.of(cfg, step.num_devices).micro_batch_size)
+  estimate = step.estimate(calibration)
+  if estimate is not None:
+    estimate["what"] = (
+      f"a compiled estimate for {step.target} (roofline of the optimized HLO, calibrated on {calibration.source}), "
+      "not a measurement"
+    )
+    estimate["calibration"] = dataclasses.asdict(calibration)
+  return {
+    "target": step.target,
+    "gpu": step.gpu.description if step.gpu is not None else None,
+    "num_devices": step.num_devices,
+    "mesh": step.mesh,
+    "memory": {k: int(v) for k, v in step.memory.items()},
+    "fits": step.fits,
+    "memory_fraction": memory_fraction(),
+    "analytic_memory_bytes": int(analytic.total_gib * GIB),
+    "gemms": found["gemms"],
+    "gemm_flops": found["gemm_flops"],
+    "gemm_sites": found["gemm_sites"],
+    "collectives": found["collectives"],
+    "kernels": found["kernels"],
+    "backends": step.backends,
+    "estimate": estimate,
+    "flops_per_device": step.flops_per_device,
+    "compile_seconds": round(step.seconds, 2),
+    "jax": jax.__version__,
+  }
+
+
+def differs(a, b, threshold=0.10):
+  """Whether two figures differ by more than `threshold` of the larger."""
+  return abs(a - b) > threshold * max(abs(a), abs(b), 1e-30)
+
+
+def format_report(rep):
+  """The short table train_compile prints."""
+  mem = rep["memory"]
+  lines = [
+    f"target: {rep['target']} ({rep['num_devices']} x {rep['gpu'] or 'unknown GPU'}), mesh "
+    + " x ".join(f"{a} {n}" for a, n in rep["mesh"].items())
+    + f"; compiled in {rep['compile_seconds']:.1f} s (jax {rep['jax']})",
+    f"memory per device: {gib(mem['peak_bytes']):.2f} GiB (XLA's memory analysis: arguments "
+    f"{gib(mem['argument_bytes']):.2f} + outputs {gib(mem['output_bytes']):.2f} - donated "
+    f"{gib(mem['alias_bytes']):.2f} + temporaries {gib(mem['temp_bytes']):.2f}); "
+    f"{'fits' if rep['fits'] else 'does NOT fit'} in {gib(mem['available_bytes']):.1f} GiB",
+  ]
+  analytic = rep["analytic_memory_bytes"]
+  if differs(analytic, mem["peak_bytes"]):
+    lines.append(
+      f"  the analytic estimate (dry_run) says {gib(analytic):.2f} GiB: {analytic / mem['peak_bytes'] - 1:+.0%}"
+    )
+  gemms = ", ".join(f"{k} {v:g}" for k, v in sorted(rep["gemms"].items())) or "none"
+  lines.append(
+    f"GEMMs per step: {gemms}"
+    + ("  (naive_loop: a dot XLA could not hand to a library)" if "naive_loop" in rep["gemms"] else "")
+  )
+  sites = "; ".join(
+    f"{site} " + ", ".join(f"{k} {v:g}" for k, v in sorted(kinds.items())) for site, kinds in rep["gemm_sites"].items()
+  )
+  lines.append(f"  by site: {sites}")
+  if rep["backends"]:
+    lines.append("  quantized GEMMs: " + ", ".join(f"{r} on {b}" for r, b in rep["backends"].items()))
+  coll = ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in sorted(rep["collectives"].items())) or "none"
+  lines.append(f"collectives per step (data per device): {coll}")
+  est = rep["estimate"]
+  if est is not None:
+    ms = est["ms_per_step"]
+    lines.append(
+      f"estimate (compiled, roofline calibrated on one H100; not a measurement): {ms['total']:.1f} ms/step = gemm "
+      f"{ms['gemm']:.1f} + elementwise {ms['elementwise']:.1f} + attention {ms['attention']:.1f} + collectives "
+      f"{ms['collectives']:.1f}; MFU {est['mfu']:.1%}, {est['tokens_per_s_per_device']:,.0f} tokens/s/device"
+    )
+  return "\n".join(lines)
+
+
+def refusal(rep):
+  """The one line that refuses a step over the target's memory."""
+  mem = rep["memory"]
+  over = mem["peak_bytes"] - mem["available_bytes"]
+  return (
+    f"the train step needs {gib(mem['peak_bytes']):.1f} GiB per device on {rep['target']} (XLA's memory analysis of "
+    f"the compiled step), {gib(over):.1f} GiB more than the {gib(mem['available_bytes']):.1f} GiB it leaves "
+    f"({rep['memory_fraction']:.0%} of {gib(mem['device_bytes']):.1f} GiB, XLA_PYTHON_CLIENT_MEM_FRACTION); use more "
+    "GPUs (compile_topology, compile_topology_num_slices), remat_policy=full, or a smaller per_device_batch_size / "
+    "max_target_length"
+  )
+
+
+# -- dry_run and the preflight -----------------------------------------------------------------------------------
+
+
+def named_target(cfg):
+  """The aot.targets.Target of cfg.compile_topology, or None without one."""
+  return targets.parse(cfg.compile_topology, cfg.compile_topology_num_slices) if cfg.compile_topology else None
+
+
+def preflight_memory(cfg, target, devices, num_devices):
+  """{peak_bytes, available_bytes, target} of the step compiled where the target is known (compile_topology's, or
+  this machine's GPUs when the run is planned on exactly them), for dry_run and the preflight; None otherwise (the
+  analytic estimate is then the only figure)."""
+  if target is not None:
+    step = compile_for_target(cfg, target)
+  elif devices[0].platform == "gpu" and num_devices == len(devices):
+    gpu = targets.of_device_kind(devices[0].device_kind)
+    step = compile_step(cfg, devices, gpu, target_name=f"{len(devices)} x {devices[0].device_kind}", compile_only=False)
+  else:
+    return None
+  if step.memory["available_bytes"] <= 0:  # the device says nothing of its memory: the analytic check decides
+    return None
+  return {
+    "peak_bytes": step.memory["peak_bytes"],
+    "available_bytes": step.memory["available_bytes"],
+    "target": step.target,
+  }

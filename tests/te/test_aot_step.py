@@ -1,0 +1,118 @@
+"""The trainer's step compiled for GPU targets on this machine (jax's CUDA plugin, compile-only devices): what each
+program must hold, read from its optimized HLO. llama3_tiny for h100-1 and b200-8 in bf16, FP8 and NVFP4 with the
+backend each target takes (TE where it runs the recipe, the xla backend's native block-scaled dot on SM100+, the
+emulation with the Pallas quantizers on one H100); the step's FLOPs as MaxText counts them; the CLI's report, its
+refusal of a step over the target's memory, and dry_run's compiled figure."""
+
+import json
+
+import pytest
+
+from MaxText import config, train, train_compile
+from MaxText.aot import targets
+from MaxText.model import accounting
+from MaxText.trainer import aot_step
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.te
+
+TINY = REPO / "configs" / "llama3_tiny.yml"
+MLP = ("gate", "up", "down")
+
+
+def _compiled(target, *overrides):
+  cfg = config.load(TINY, ["dataset_type=synthetic", *overrides])
+  step = aot_step.compile_for_target(cfg, targets.parse(target))
+  return cfg, step, aot_step.report(step, cfg)
+
+
+def _mlp_kinds(report):
+  return {site: report["gemm_sites"][site] for site in MLP}
+
+
+@pytest.mark.heavy
+def test_h100_bf16_counts_every_gemm_flop_and_its_memory():
+  cfg, step, report = _compiled("h100-1")
+  assert report["target"] == "h100-1" and report["gpu"] == "NVIDIA H100 80GB HBM3" and report["num_devices"] == 1
+  assert set(report["gemms"]) == {"bf16"}
+  flops = accounting.training_flops_per_device(cfg)
+  # Every GEMM of the step, loops by their trip counts: MaxText's count plus the masked half of causal attention,
+  # which XLA's attention (attention=dot_product) computes.
+  assert sum(report["gemm_flops"].values()) == pytest.approx(flops.total + flops.attention_core, rel=1e-9)
+  mem = report["memory"]
+  assert mem["peak_bytes"] == mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"] + mem["temp_bytes"]
+  assert mem["alias_bytes"] > 0.9 * mem["argument_bytes"]  # params and optimizer state donated
+  assert mem["device_bytes"] == targets.GPUS["h100"].device_memory_size and report["fits"]
+  assert report["collectives"] == {}
+  est = report["estimate"]
+  assert est["ms_per_step"]["total"] > 0 and "not a measurement" in est["what"]
+
+
+@pytest.mark.heavy
+def test_h100_fp8_gemms_on_te_and_on_xla():
+  cfg, _, te = _compiled("h100-1", "quantization=te_fp8_currentscaling")
+  runs = 3 * cfg.base_num_decoder_layers  # fprop, dgrad, wgrad in each trip of the scanned layers' loop
+  assert te["backends"] == {"te_fp8_currentscaling": "te"}
+  assert _mlp_kinds(te) == {g: {"te": runs} for g in MLP}, te["gemm_sites"]
+  assert te["gemm_flops"]["te"] == pytest.approx(accounting.training_flops_per_device(cfg).mlp, rel=1e-9)
+  _, step, xla = _compiled("h100-1", "quantization=te_fp8_currentscaling", "quantization_backend=emulate")
+  # XLA merges GEMMs that share an operand (gate's and up's), so count FLOPs: every MLP FLOP on FP8 operands.
+  assert all(set(kinds) == {"fp8"} for kinds in _mlp_kinds(xla).values()), xla["gemm_sites"]
+  assert xla["gemm_flops"]["fp8"] == pytest.approx(accounting.training_flops_per_device(cfg).mlp, rel=1e-9)
+  assert "naive_loop" not in xla["gemms"]
+  fp8 = [k for k in step.kernels if k.kind == "fp8"]
+  assert fp8 and all(k.dtypes[0].startswith("f8") and k.dtypes[1].startswith("f8") for k in fp8)
+
+
+@pytest.mark.heavy
+def test_h100_nvfp4_runs_the_pallas_quantizers_and_bf16_gemms():
+  _, _, report = _compiled("h100-1", "quantization=te_nvfp4")
+  assert report["backends"] == {"te_nvfp4": "emulated (pallas quantizers)"}  # no FP4 GEMM on Hopper
+  assert set(report["gemms"]) == {"bf16"}
+  assert report["kernels"].get("elementwise/pallas", 0) > 0
+
+
+@pytest.mark.heavy
+def test_b200_8_nvfp4_xla_backend_gemms_are_native_fp4_and_sharded():
+  cfg, _, report = _compiled("b200-8", "quantization=te_nvfp4", "quantization_backend=xla")
+  assert report["mesh"]["fsdp"] == 8 and report["num_devices"] == 8
+  # gate, up, down x fprop, dgrad, wgrad, in the scanned layers' loop: cuDNN's block-scaled FP4 GEMM, no naive loop.
+  assert _mlp_kinds(report) == {g: {"fp4_block_scaled": 3 * cfg.base_num_decoder_layers} for g in MLP}
+  assert "naive_loop" not in report["gemms"]
+  assert report["collectives"].get("all-gather", 0) > 0 and report["collectives"].get("reduce-scatter", 0) > 0
+
+
+@pytest.mark.heavy
+def test_b200_8_bf16_collectives_and_cli_report(tmp_path, capsys):
+  out, hlo_path = tmp_path / "r.json", tmp_path / "step.hlo"
+  argv = [str(TINY), "dataset_type=synthetic", "compile_topology=b200-8"]
+  assert train_compile.main([*argv, f"compile_report={out}", f"compile_hlo={hlo_path}"]) == 0
+  printed = capsys.readouterr().out
+  report = json.loads(out.read_text())
+  assert "memory per device:" in printed and "GEMMs per step: bf16" in printed
+  assert report["target"] == "b200-8" and set(report["gemms"]) == {"bf16"}
+  assert report["collectives"]["all-gather"] > 0
+  assert report["command"][-2:] == [f"compile_report={out}", f"compile_hlo={hlo_path}"]
+  assert "HloModule" in hlo_path.read_text()
+
+
+@pytest.mark.heavy
+def test_a_step_over_the_targets_memory_is_refused_in_one_line(tmp_path, capsys):
+  out = tmp_path / "r.json"
+  # 4 Llama 3 8B layers at 32 sequences of 2048 tokens on one H100: the f32 logits alone are 31 GiB, twice.
+  argv = [str(REPO / "configs" / "llama3_8b.yml"), "override_model_config=true", "base_num_decoder_layers=1"]
+  argv += ["per_device_batch_size=32", "max_target_length=2048", "remat_policy=full", "dataset_type=synthetic"]
+  assert train_compile.main([*argv, "compile_topology=h100-1", f"compile_report={out}"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: the train step needs ") and "GiB more than the 59.3 GiB it leaves" in err
+  assert "\n" not in err
+  report = json.loads(out.read_text())  # written whole before the refusal
+  assert not report["fits"] and report["memory"]["peak_bytes"] > report["memory"]["available_bytes"]
+
+
+@pytest.mark.heavy
+def test_dry_run_prints_the_compiled_figure(capsys):
+  assert train.main([str(TINY), "dataset_type=synthetic", "dry_run=true", "compile_topology=h100-1"]) == 0
+  printed = capsys.readouterr().out
+  assert "compiled memory per device:" in printed and "the step compiled for h100-1" in printed
+  assert "memory check:" in printed and "fits in 59.3 GiB (h100-1)" in printed
