@@ -13,9 +13,10 @@ import os
 import pathlib
 import sys
 
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+# Run as a script: 8 CPU devices, before jax starts (imported, e.g. by its test, it leaves the process's jax alone).
+if __name__ == "__main__" and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -23,7 +24,7 @@ sys.path.insert(0, str(REPO))
 import jax  # noqa: E402
 
 from benchmarks import provenance  # noqa: E402
-from MaxText import config as config_lib  # noqa: E402
+from MaxText import cli, config as config_lib  # noqa: E402
 from MaxText.runtime import sharding  # noqa: E402
 from MaxText.trainer import aot_step, optimizer, run_setup  # noqa: E402
 
@@ -80,10 +81,15 @@ def main(argv=None):
   parser.add_argument("--config", default=str(REPO / "configs" / "llama3_tiny.yml"))
   parser.add_argument("overrides", nargs="*", help="key=value config overrides")
   args = parser.parse_args(argv)
+  try:
+    results = measure(args.config, args.overrides)
+  except cli.USER_ERRORS as e:  # a config or mesh the user can fix: one line, as the trainer's CLI
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    return 2
   print(
     f"{len(jax.devices())} {jax.devices()[0].platform} devices, jax {jax.__version__}, commit {provenance.commit()}"
   )
-  print(table(measure(args.config, args.overrides)))
+  print(table(results))
   return 0
 
 
