@@ -5,6 +5,7 @@ llama3_tiny unrolled (each layer its own ops), llama3_8b as configured (scanned 
 abstract inputs (lowering only)."""
 
 import collections
+import math
 import re
 
 import pytest
@@ -76,8 +77,9 @@ def _role(call, cfg, gemm):
   k, n = (f, d) if gemm == "down" else (d, f)
   shapes = {(m, n): "fprop", (m, k): "dgrad", (k, n): "wgrad"}
   assert len(shapes) == 3, "ambiguous GEMM shapes: pick sizes with M, K, N distinct"
-  rows, cols = map(int, re.match(r"tensor<(\d+)x(\d+)x", call.result_types[0]).groups())
-  role = shapes[(rows, cols)]
+  # TE's GEMMs take x as [batch, length, K] (TE partitions them itself): its tokens are every dimension but the last.
+  *leading, cols = map(int, re.match(r"tensor<((?:\d+x)+)", call.result_types[0]).group(1).rstrip("x").split("x"))
+  role = shapes[(math.prod(leading), cols)]
   return f"{role}_recomputed" if "rematted_computation" in call.scope else role
 
 
