@@ -9,7 +9,7 @@ from MaxText.quantization.formats import Format
 def _quantizers(backend, precision: GemmPrecision):
   """Who quantizes the operands: our Pallas kernels (Four Over Six included) or the XLA path ('-' where nothing or TE
   does)."""
-  impl = backend.quantizers(precision.kernels)
+  impl = backend.quantizers(precision.kernels, precision.recipe)
   return "-" if impl is None else impl
 
 

@@ -26,7 +26,6 @@ from MaxText.data.batch import Batch
 from MaxText.model import accounting
 from MaxText.quantization import backends, target as quant_target
 from MaxText.quantization.backends import te as te_backend
-from MaxText.quantization.kernels import quantizer_impl
 from MaxText.runtime import sharding, xla_flags
 from MaxText.trainer import optimizer, run_setup
 from MaxText.trainer.hooks.profiler import compiled_memory
@@ -118,7 +117,7 @@ def _backends_used(plan):
       backend = backends.resolve(prec.recipe, prec.backend)
       text = backend.name
       if backend is backends.EMULATED:
-        text += f" ({quantizer_impl.resolve(prec.kernels).value} quantizers)"
+        text += f" ({backend.quantizers(prec.kernels, prec.recipe)} quantizers)"
       out[prec.recipe.name] = text
   return out
 
