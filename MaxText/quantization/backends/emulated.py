@@ -273,7 +273,10 @@ def _fp8_linear_fwd(x_MxK, w_KxN, history_3xH, recipe, w_dtype, kernels):
     x_res = x_op  # wgrad contracts it on M as it is
   else:
     y_MxN = fp8_gemm(x_op, w_op.T, ((1,), (1,)), x_MxK.dtype)
-    x_res = x_op.T  # x^T [K, M] for wgrad, from the quantizing kernel's read
+    # x^T [K, M] for wgrad, from the quantizing kernel's read; row-major too, so that the scan's stack of the saved
+    # operands has the layout the backward reads (else XLA transposes the whole stack between the two loops).
+    x_t = x_op.T
+    x_res = dataclasses.replace(x_t, values=_row_major(x_t.values))
   # The amaxes the history records, named like the operands: kept (two scalars) rather than recomputed in the
   # backward, where a remat policy keeps the operands (each a read of x or w).
   amaxes = None if history_3xH is None else name_for_remat((_amax(x_MxK), _amax(w_KxN)))
