@@ -45,7 +45,14 @@ def test_current_scaling_has_the_generic_paths_bits(shape, dtype):
   want = _fwd_bwd(generic, x, w, dy)
   _same_bits(_fwd_bwd(lambda x, w: emulated.fp8_linear(x, w, recipe), x, w, dy), want)
   assert want[0].dtype == dtype and want[2].dtype == jnp.float32
-  # The backend's matmul takes this layer for current scaling; the Pallas kernels (interpreted) give the same bits.
+
+
+def test_the_backends_matmul_takes_the_fp8_layer_with_the_pallas_kernels_bits():
+  """The emulated backend's matmul runs current scaling through fp8_linear; the Pallas kernels (interpreted) quantize
+  to the XLA path's bits there too."""
+  recipe = get_recipe("te_fp8_currentscaling")
+  x, w, dy = _operands(33, 17, 9, jnp.bfloat16)
+  want = _fwd_bwd(lambda x, w: emulated.fp8_linear(x, w, recipe, Kernels.XLA), x, w, dy)
   backend = lambda x, w: emulated.BACKEND.matmul(x, w, recipe, key=None, kernels=Kernels.INTERPRET)
   _same_bits(_fwd_bwd(backend, x, w, dy), want)
 
