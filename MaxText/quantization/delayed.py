@@ -1,6 +1,6 @@
 """FP8 delayed scaling: per-tensor scales from an amax history carried across steps.
 
-The history of one linear layer is an f32 array [3, H] (rows: x, w, dy; index 0 = newest).
+The history of one linear layer is an f32 array [3, H] (rows: fp8.HISTORY_ROWS, x, w, dy; index 0 = newest).
 `qmatmul_delayed` returns the updated history as the *gradient* of the history argument
 (the overwrite-with-gradient convention of Flax's fp8 ops): the trainer stores that gradient
 in place of the old history instead of applying the optimizer to it. The GEMMs and the quantizers are the emulated
@@ -11,11 +11,9 @@ own amaxes; the amaxes the history records are read where each operand is quanti
 import jax.numpy as jnp
 
 from MaxText.quantization.backends import emulated
-from MaxText.quantization.formats import Format, fp8
+from MaxText.quantization.formats import Format
 from MaxText.quantization.kernels.quantizer_impl import Kernels
 from MaxText.quantization.recipes import Recipe
-
-ROWS = {role: row for row, role in enumerate(fp8.HISTORY_ROWS)}  # x 0, w 1, dy 2
 
 
 def init_history(recipe: Recipe):
