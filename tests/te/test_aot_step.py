@@ -65,11 +65,13 @@ def test_h100_fp8_gemms_on_te_and_on_xla():
 
 
 @pytest.mark.heavy
-def test_h100_fp8_delayed_scaling_folds_its_scales_into_the_cublas_fp8_gemms():
+@pytest.mark.parametrize("target", ["h100-1", "h100-8"])
+def test_h100_fp8_delayed_scaling_folds_its_scales_into_the_cublas_fp8_gemms(target):
   """MaxText's fp8 (delayed scaling on every Dense layer) on the emulated backend: every projection's GEMMs are
   cuBLAS FP8 GEMMs that emit bf16 with the decode scales as their f32 scale operands (no f32 output, scale or
-  convert pass after them; no scale rounded to bf16 first), the operands quantized on the XLA path."""
-  cfg, step, report = _compiled("h100-1", "quantization=fp8")
+  convert pass after them; no scale rounded to bf16 first), the operands quantized on the XLA path; on 8 GPUs
+  (fsdp) too, where wgrad's contraction is sharded and a scale on the output would land after the reduction."""
+  _, step, report = _compiled(target, "quantization=fp8")
   assert report["backends"] == {"te_fp8_delayedscaling": "emulated (xla quantizers)"}
   projections = (*MLP, "q", "k", "v", "o")
   assert all(set(report["gemm_sites"][site]) == {"fp8"} for site in projections), report["gemm_sites"]

@@ -177,12 +177,12 @@ def fp8_gemm(a: QuantizedTensor, b: QuantizedTensor, contracting, out_dtype):
   """a . b for per-tensor FP8 operands, contracted on `contracting` ((a's axis,), (b's axis,)), times both decode
   scales, in `out_dtype`: the f32 sum times the scale, rounded once.
 
-  For CUDA it is written as XLA's GEMM rewriter folds it: an f8 x f8 dot that emits `out_dtype`, times the scale
-  (the product of the two decode scales: the rewriter takes the f32 scalar under its conversion to `out_dtype`)
-  becomes one `__cublas$lt$matmul$f8` with that scale as its a_scale, computing scale x the f32 sum and rounding it
-  to `out_dtype` in the GEMM's epilogue: the same number as below, with no f32 output, scale or convert pass
-  (aot.hlo.fp8_gemm_scales checks a compiled program's scales are f32; tests/te/test_aot_step.py). Unfolded, it
-  would round twice (the dot's, then the product's, with a bf16 scale), so elsewhere, and on a CPU (cpu_gemm's
+  For CUDA it is written as XLA's GEMM rewriter folds it: a dot in `out_dtype` of the two f8 operands converted,
+  the first times the scale (the product of the two decode scales: the rewriter takes the f32 scalar under its
+  conversion to `out_dtype`), becomes one `__cublas$lt$matmul$f8` on the f8 operands with that scale as its
+  a_scale, computing scale x the f32 sum and rounding it to `out_dtype` in the GEMM's epilogue: the same number as
+  below, with no f32 output, scale or convert pass (aot.hlo.fp8_gemm_scales checks a compiled program's scales are
+  f32; tests/te/test_aot_step.py). Unfolded, it would dequantize in bf16, so elsewhere, and on a CPU (cpu_gemm's
   operand dtype), it is the f32 sum, the scale, one rounding."""
   dims = (contracting, ((), ()))
   scale = a.global_scale * b.global_scale
@@ -195,7 +195,10 @@ def fp8_gemm(a: QuantizedTensor, b: QuantizedTensor, contracting, out_dtype):
     # The scale a scalar of its own (a barrier): XLA's simplifier otherwise moves the reshape that made it a scalar
     # between its two converts, and the rewriter then reads the scale rounded to `out_dtype` (bf16), not in f32.
     (scale,) = jax.lax.optimization_barrier((scale,))
-    return jax.lax.dot_general(a_values, b_values, dims, preferred_element_type=out_dtype) * scale.astype(out_dtype)
+    # On an operand (dequantized a), not on the output: where the contraction is sharded (wgrad under fsdp), the
+    # partitioner would apply an output scale after the reduction, in bf16, outside the GEMM.
+    a_dequantized = a_values.astype(out_dtype) * scale.astype(out_dtype)
+    return jax.lax.dot_general(a_dequantized, b_values.astype(out_dtype), dims, preferred_element_type=out_dtype)
 
   return jax.lax.platform_dependent(a.values, b.values, scale, cuda=folded, default=exact)
 
