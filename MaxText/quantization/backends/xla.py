@@ -43,12 +43,13 @@ def native(recipe: Recipe):
   return unavailable_reason(recipe) is None and sm is not None and sm >= NATIVE_MIN_SM
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def quantize_for_gemm(x, recipe: Recipe, role: str, key=None) -> QuantizedTensor:
+@functools.partial(jax.jit, static_argnums=(1, 2), static_argnames=("amax_axes",))
+def quantize_for_gemm(x, recipe: Recipe, role: str, key=None, amax_axes=(), draws=None) -> QuantizedTensor:
   """Our quantization of one operand [rows, contraction], narrow: NVFP4 (E2M1, E4M3 per 16, amax) or MX (E4M3 /
-  E2M1, E8M0 per 32: the power of two itself, exact in float8_e8m0fnu)."""
+  E2M1, E8M0 per 32: the power of two itself, exact in float8_e8m0fnu). `amax_axes`, `draws`: x is a shard of the
+  operand inside a partitioned GEMM (nvfp4.quantize)."""
   if recipe.format is Format.NVFP4:
-    return nvfp4.quantize(x, **emulated.nvfp4_options(recipe, role, key))
+    return nvfp4.quantize(x, **emulated.nvfp4_options(recipe, role, key), amax_axes=amax_axes, draws=draws)
   q = mx.quantize(x, emulated.element_grid(recipe, role))
   return QuantizedTensor(q.values, q.scales.astype(jnp.float8_e8m0fnu), q.global_scale, tile=q.tile)
 
@@ -71,9 +72,9 @@ class XlaBackend(OperandBackend):
   def unavailable_reason(self, recipe: Recipe):
     return unavailable_reason(recipe)
 
-  def quantize(self, x, recipe: Recipe, role: str, key=None, *, kernels, transpose=False):
+  def quantize(self, x, recipe: Recipe, role: str, key=None, *, kernels, transpose=False, amax_axes=(), draws=None):
     del kernels  # always our XLA-path quantizers: the kernels write the emulated GEMM's folded operands
-    return quantize_for_gemm(x.T if transpose else x, recipe, role, key)
+    return quantize_for_gemm(x.T if transpose else x, recipe, role, key, amax_axes=tuple(amax_axes), draws=draws)
 
   def gemm(self, a, b_t, recipe: Recipe):
     return gemm(a, b_t, recipe)

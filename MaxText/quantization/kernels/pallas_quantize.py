@@ -187,9 +187,11 @@ def nvfp4_block_scaled(
   four_over_six=None,
   transpose=False,
   interpret=False,
+  amax_axes=(),
 ):
   """nvfp4.quantize_block_scaled(x.T if transpose else x, ...): (bf16 values * block scales [R, C], amax).
-  For operands nvfp4_supported covers; four_over_six: None, "mse" or "mae" (Four Over Six in the same kernel)."""
+  For operands nvfp4_supported covers; four_over_six: None, "mse" or "mae" (Four Over Six in the same kernel).
+  `amax_axes`: x is a shard of the operand (inside a partitioned GEMM): the amax is the largest over these mesh axes."""
   rows, cols = x.shape[::-1] if transpose else x.shape
   if not nvfp4_supported((rows, cols), tile=tile, stochastic_rounding=stochastic_rounding, key=key):
     raise ValueError(
@@ -200,7 +202,7 @@ def nvfp4_block_scaled(
     raise ValueError(f"hadamard16: last axis of shape {(rows, cols)} must be a multiple of {NVFP4_BLOCK}")
   tile_rows = tile[0]
   padded = pallas_layout.pad_operand(x, transpose=transpose, row_multiple=tile_rows, col_multiple=NVFP4_BLOCK)
-  amax = amax_padded(padded, transpose=transpose, rht=rht, interpret=interpret)
+  amax = grids.max_across(amax_padded(padded, transpose=transpose, rht=rht, interpret=interpret), amax_axes)
   s_enc = nvfp4.global_encode_scale(amax, nvfp4.global_e4m3_max(four_over_six))
   scalars = [jnp.stack([s_enc, grids.div_rn(1.0, s_enc), amax])]
   if stochastic_rounding:
