@@ -763,3 +763,30 @@ def summary(kernel_list) -> dict:
     "collectives": dict(collectives),
     "kernels": dict(launches),
   }
+
+
+def _through_views_up(module, instr, depth=0):
+  """The instruction that computes `instr`'s value: itself, or what a bitcast / get-tuple-element / copy of it reads."""
+  if instr is not None and depth < 8 and instr.opcode in ("bitcast", "get-tuple-element", "copy"):
+    return _through_views_up(module, module.operand(instr, 0), depth + 1)
+  return instr
+
+
+def fp8_gemm_scales(module) -> collections.Counter:
+  """How each cuBLAS FP8 GEMM (`__cublas$lt$matmul$f8`) of a module gets its two scale operands (the last two; an
+  epilogue's C matrix comes before them): {'constant' | 'f32' | 'bf16': count}. 'bf16': the scale is computed
+  through a bf16 value (a rounded scale: XLA's GEMM rewriter read a scale multiply in the compute dtype without the
+  f32 scalar under it); 'f32': computed in f32 only, so the epilogue applies the scale as the f32 sum is scaled."""
+  out = collections.Counter()
+  for instrs in module.computations.values():
+    for instr in instrs:
+      if instr.target != "__cublas$lt$matmul$f8":
+        continue
+      for index in (len(instr.operands) - 2, len(instr.operands) - 1):
+        source = _through_views_up(module, module.operand(instr, index))
+        if source is None or source.opcode == "constant":
+          out["constant"] += 1
+          continue
+        body = module.computations.get(source.called("calls"), []) if source.opcode == "fusion" else [source]
+        out["bf16" if any(a.dtype == "bf16" for i in body for a in i.shapes) else "f32"] += 1
+  return out

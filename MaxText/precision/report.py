@@ -11,7 +11,7 @@ def _quantizers(backend, precision: GemmPrecision):
   does); for a partitioned GEMM (every stateless recipe's Dense under a mesh) the kernels each device runs on its
   shard (quantization/partition.py)."""
   kernels = precision.kernels if precision.recipe.stateful else partition.per_shard_kernels(precision.kernels)
-  impl = backend.quantizers(kernels)
+  impl = backend.quantizers(kernels, precision.recipe)
   return "-" if impl is None else impl
 
 

@@ -107,8 +107,9 @@ def abstract_inputs(cfg, mesh, run_shape):
   return graphdef, tx, run_setup.state_shardings(state), args
 
 
-def _backends_used(plan):
-  """{recipe name: 'backend' or 'backend (kernels)'} of the quantized GEMMs, as resolved for the target."""
+def _backends_used(plan, partitioned):
+  """{recipe name: 'backend' or 'backend (kernels)'} of the quantized GEMMs, as resolved for the target;
+  `partitioned`: the mesh splits something (more than one device)."""
   out = {}
   for _, _, gemms in plan.layer_ranges:
     for prec in gemms.values():
@@ -117,8 +118,9 @@ def _backends_used(plan):
       backend = backends.resolve(prec.recipe, prec.backend)
       text = backend.name
       if backend is backends.EMULATED:  # a stateless recipe's GEMMs are partitioned: each device quantizes its shard
-        kernels = prec.kernels if prec.recipe.stateful else partition.per_shard_kernels(prec.kernels)
-        text += f" ({backend.quantizers(kernels)} quantizers)"
+        per_shard = partitioned and not prec.recipe.stateful
+        kernels = partition.per_shard_kernels(prec.kernels) if per_shard else prec.kernels
+        text += f" ({backend.quantizers(kernels, prec.recipe)} quantizers)"
       out[prec.recipe.name] = text
   return out
 
@@ -150,7 +152,7 @@ def compile_step(
     _, step_fn = steps.for_step(_steady_step(cfg))
     with jax.default_device(devices[0]):  # Pallas' Triton lowering asks the default device for its GPU
       lowered = step_fn.lower(*args)
-    used = _backends_used(plan)
+    used = _backends_used(plan, any(size > 1 for size in mesh.shape.values()))
     if xla_options is None:
       xla_options = xla_flags.compiler_options(len(devices)) if compile_only else {}
     compiled = lowered.compile(compiler_options=xla_options or None)

@@ -306,3 +306,47 @@ def test_real_programs_gemm_flops_are_maxtexts_count(fixture, overrides, kinds):
     assert set(summary["gemm_sites"]["gate"]) == {"te"}
   else:  # fsdp 4 x tensor 2: weights gathered, gradients reduced and scattered
     assert {"all-gather", "reduce-scatter", "all-reduce"} <= set(summary["collectives"])
+
+
+# Three FP8 GEMMs as XLA's GEMM rewriter leaves them: a scale read in f32, one read through a bf16 round trip, and one
+# with an epilogue's C matrix (bf16, added in) before its two scales.
+FP8_SCALES = """HloModule test_fp8_scales, entry_computation_layout={(f8e4m3fn[16,64]{1,0}, f8e4m3fn[32,64]{1,0}, f32[1]{0}, bf16[16,32]{1,0})->(bf16[16,32]{1,0}, bf16[16,32]{1,0}, bf16[16,32]{1,0})}
+
+%fused_round_trip (param_0: f32[1]) -> f32[] {
+  %param_0 = f32[1]{0} parameter(0)
+  %convert = bf16[1]{0} convert(%param_0)
+  %bitcast = bf16[] bitcast(%convert)
+  ROOT %convert.1 = f32[] convert(%bitcast)
+}
+
+%fused_product (param_0.1: f32[1]) -> f32[] {
+  %param_0.1 = f32[1]{0} parameter(0)
+  %multiply = f32[1]{0} multiply(%param_0.1, %param_0.1)
+  ROOT %bitcast.1 = f32[] bitcast(%multiply)
+}
+
+ENTRY %main (a: f8e4m3fn[16,64], b: f8e4m3fn[32,64], s: f32[1], c: bf16[16,32]) -> (bf16[16,32], bf16[16,32], bf16[16,32]) {
+  %a = f8e4m3fn[16,64]{1,0} parameter(0)
+  %b = f8e4m3fn[32,64]{1,0} parameter(1)
+  %s = f32[1]{0} parameter(2)
+  %c = bf16[16,32]{1,0} parameter(3)
+  %one = f32[] constant(1)
+  %scale = f32[] bitcast(%s)
+  %gemm.0 = (bf16[16,32]{1,0}, s8[1024]{0}) custom-call(%a, %b, %scale, %one), custom_call_target="__cublas$lt$matmul$f8"
+  %rounded = f32[] fusion(%s), kind=kLoop, calls=%fused_round_trip
+  %gemm.1 = (bf16[16,32]{1,0}, s8[1024]{0}) custom-call(%a, %b, %rounded, %one), custom_call_target="__cublas$lt$matmul$f8"
+  %product = f32[] fusion(%s), kind=kLoop, calls=%fused_product
+  %gemm.2 = (bf16[16,32]{1,0}, s8[1024]{0}) custom-call(%a, %b, %c, %product, %one), custom_call_target="__cublas$lt$matmul$f8"
+  %y.0 = bf16[16,32]{1,0} get-tuple-element(%gemm.0), index=0
+  %y.1 = bf16[16,32]{1,0} get-tuple-element(%gemm.1), index=0
+  %y.2 = bf16[16,32]{1,0} get-tuple-element(%gemm.2), index=0
+  ROOT %tuple = (bf16[16,32]{1,0}, bf16[16,32]{1,0}, bf16[16,32]{1,0}) tuple(%y.0, %y.1, %y.2)
+}
+"""
+
+
+def test_fp8_gemm_scales_tell_an_f32_scale_from_a_rounded_one():
+  _same_instructions(FP8_SCALES)
+  scales = hlo.fp8_gemm_scales(hlo.parse(FP8_SCALES))
+  # gemm.0: f32 and 1; gemm.1: through bf16, and 1; gemm.2: the C matrix skipped, an f32 product, and 1.
+  assert scales == {"f32": 2, "bf16": 1, "constant": 3}

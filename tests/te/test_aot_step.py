@@ -9,7 +9,7 @@ import json
 import pytest
 
 from MaxText import config, train, train_compile
-from MaxText.aot import targets
+from MaxText.aot import hlo, targets
 from MaxText.model import accounting
 from MaxText.trainer import aot_step
 from tests.conftest import REPO
@@ -62,6 +62,25 @@ def test_h100_fp8_gemms_on_te_and_on_xla():
   assert "naive_loop" not in xla["gemms"]
   fp8 = [k for k in step.kernels if k.kind == "fp8"]
   assert fp8 and all(k.dtypes[0].startswith("f8") and k.dtypes[1].startswith("f8") for k in fp8)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("target", ["h100-1", "h100-8"])
+def test_h100_fp8_delayed_scaling_folds_its_scales_into_the_cublas_fp8_gemms(target):
+  """MaxText's fp8 (delayed scaling on every Dense layer) on the emulated backend: every projection's GEMMs are
+  cuBLAS FP8 GEMMs that emit bf16 with the decode scales as their f32 scale operands (no f32 output, scale or
+  convert pass after them; no scale rounded to bf16 first), the operands quantized on the XLA path; on 8 GPUs
+  (fsdp) too, where wgrad's contraction is sharded and a scale on the output would land after the reduction."""
+  _, step, report = _compiled(target, "quantization=fp8")
+  assert report["backends"] == {"te_fp8_delayedscaling": "emulated (xla quantizers)"}
+  projections = (*MLP, "q", "k", "v", "o")
+  assert all(set(report["gemm_sites"][site]) == {"fp8"} for site in projections), report["gemm_sites"]
+  module = hlo.parse(step.hlo_text)
+  calls = [i for instrs in module.computations.values() for i in instrs if i.target == "__cublas$lt$matmul$f8"]
+  assert calls and all(i.shapes[0].dtype == "bf16" for i in calls)
+  # One scale per call is the product of the two decode scales, the other XLA's constant 1.
+  assert hlo.fp8_gemm_scales(module) == {"f32": len(calls), "constant": len(calls)}
+  assert "naive_loop" not in report["gemms"]
 
 
 @pytest.mark.heavy

@@ -45,10 +45,11 @@ def _step_and_args(cfg):
 
 
 def _dot_flops(cfg, platform=None):
-  """GEMM FLOPs by operand dtypes of the step lowered for `platform` (default: this machine's)."""
+  """GEMM FLOPs by operand dtypes of the step lowered for `platform` (default: this machine's); for CUDA a dequantized
+  f8 operand counts as f8 (XLA's GEMM rewriter makes it an FP8 GEMM's)."""
   step, args = _step_and_args(cfg)
   lowered = step.lower(*args) if platform is None else step.trace(*args).lower(lowering_platforms=(platform,))
-  return hlo_dots.dot_flops_by_dtype(lowered.as_text())
+  return hlo_dots.dot_flops_by_dtype(lowered.as_text(), f8_dequantized=platform == "cuda")
 
 
 @pytest.mark.parametrize("quantization", ["", "te_nvfp4", "te_fp8_currentscaling", "mxfp4"])

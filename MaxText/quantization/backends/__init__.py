@@ -40,7 +40,7 @@ class BF16Backend:
     del recipe, key, kernels
     return dots.matmul(x_MxK, w_KxN)
 
-  def quantizers(self, kernels):
+  def quantizers(self, kernels, recipe=None):
     return None
 
   def __repr__(self):

@@ -70,8 +70,8 @@ class OperandBackend:
     """An operand's values in `dtype`, for backward_override=dequantized."""
     raise NotImplementedError
 
-  def quantizers(self, kernels):
-    """What quantizes the operands under `kernels` ('pallas', 'xla', 'interpret'), for the precision plan."""
+  def quantizers(self, kernels, recipe=None):
+    """What quantizes `recipe`'s operands under `kernels` ('pallas', 'xla', 'interpret'), for the precision plan."""
     raise NotImplementedError
 
   def matmul(self, x_MxK, w_KxN, recipe: Recipe, *, key, kernels):

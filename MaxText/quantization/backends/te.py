@@ -270,7 +270,7 @@ class TEBackend:
     del kernels  # TE quantizes with its own kernels
     return qmatmul(x_MxK, w_KxN, recipe, key=key, checkpoint_name=REMAT_NAME)
 
-  def quantizers(self, kernels):
+  def quantizers(self, kernels, recipe=None):
     return None  # TE's own, inside its dense
 
   def __repr__(self):

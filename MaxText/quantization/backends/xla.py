@@ -83,7 +83,7 @@ class XlaBackend(OperandBackend):
     """NVFP4: values * block scale * 1/S_enc rounded to `dtype`, as the emulated backend's."""
     return emulated.dequantize(q, recipe, dtype)
 
-  def quantizers(self, kernels):
+  def quantizers(self, kernels, recipe=None):
     return "xla"
 
 

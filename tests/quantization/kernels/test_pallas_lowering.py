@@ -52,9 +52,9 @@ def triton_kernels(module_text):
 
 
 def _export(fn, *args):
-  exported = jax.export.export(
-    jax.jit(fn), platforms=["cuda"], disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(TRITON)]
-  )(*args)
+  # LayoutConstraint: jax's own layout pin (with_layout_constraint), which the FP8 layer puts on its f8 operands.
+  checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in (TRITON, "LayoutConstraint")]
+  exported = jax.export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args)
   return triton_kernels(exported.mlir_module())
 
 
