@@ -163,7 +163,8 @@ class EmulatedBackend(OperandBackend):
   def quantize(self, x, recipe: Recipe, role: str, key=None, *, kernels, transpose=False):
     return quantize_for_gemm(x, recipe, role, key, kernels=kernels, transpose=transpose)
 
-  def gemm(self, a, b_t, recipe: Recipe):
+  def gemm(self, a, b_t, recipe: Recipe, out_dtype=jnp.float32):
+    del out_dtype  # f32, the caller rounds it (the tensor core's single rounding of acc * scales)
     return gemm(a, b_t, recipe)
 
   def dequantize(self, q, recipe: Recipe, dtype):
