@@ -192,8 +192,16 @@ QUANTIZER_KERNELS = {
 FOUR_OVER_SIX = " + 4/6"  # quantize_bench's rows with Four Over Six (mse) on every operand
 SAME_WORK = {  # kernels the bench didn't time, costed as the one that does the same work
   "quantize_fp8_e5m2": "quantize_fp8_e4m3",
-  **{f"{name}_4over6_mae": f"{name}_4over6_mse" for name in
-     ("quantize_nvfp4", "quantize_nvfp4_sr", "quantize_nvfp4_16x16", "quantize_nvfp4_rht", "quantize_nvfp4_rht_sr")},
+  **{
+    f"{name}_4over6_mae": f"{name}_4over6_mse"
+    for name in (
+      "quantize_nvfp4",
+      "quantize_nvfp4_sr",
+      "quantize_nvfp4_16x16",
+      "quantize_nvfp4_rht",
+      "quantize_nvfp4_rht_sr",
+    )
+  },
 }
 
 
@@ -223,7 +231,9 @@ def measured_quantizer_ms():
   """{bench row: ms} of the Pallas quantizers the H100 timed (quantize part)."""
   suffix = " [pallas]"
   metrics = _read("quantize_quantize.json")["metrics"]
-  return {m["subject"][: -len(suffix)]: m["value"] for m in metrics if m["name"] == "time" and m["subject"].endswith(suffix)}
+  return {
+    m["subject"][: -len(suffix)]: m["value"] for m in metrics if m["name"] == "time" and m["subject"].endswith(suffix)
+  }
 
 
 def main(argv=None):

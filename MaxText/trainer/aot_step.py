@@ -117,7 +117,7 @@ def _backends_used(plan):
         continue
       backend = backends.resolve(prec.recipe, prec.backend)
       text = backend.name
-      if backend is backends.EMULATED:
+      if backend in (backends.EMULATED, backends.XLA):
         text += f" ({quantizer_impl.resolve(prec.kernels).value} quantizers)"
       out[prec.recipe.name] = text
   return out
