@@ -4,7 +4,7 @@ attention projections), from train_compile's roofline (MaxText/aot/roofline.py):
 TFLOP/s per GPU, the bytes quantization adds outside the GEMMs, and the kernels that dominate. Every figure is a
 compiled estimate for its target (deviceless compile on this machine), never a measurement.
 
-    scripts/te/python.sh benchmarks/nvfp4_blackwell.py [--only SUBSTRING] [--json out.json]
+    scripts/te/python.sh benchmarks/nvfp4_blackwell.py [--setups 8b,405b] [--modes NAME,...] [--json out.json]
 
 How the multi-GPU step is estimated: each mode is compiled for ONE GPU of the target at the per-device shape (the
 same sequences per device, the whole model), and its difference from bf16 compiled the same way is added to the bf16
@@ -44,7 +44,16 @@ MODES = {
     "attention_quantization_backend=auto",
   ],
   "peer: TE te_nvfp4 all-dense": ["quantization=te_nvfp4", *ALL_DENSE, "quantization_backend=te"],
+  "peer: TE seeds' recipe": [
+    "quantization=te_nvfp4",
+    "quantization_backend=te",
+    "attention_quantization=te_fp8_currentscaling",
+  ],
 }
+# The quantized operands kept for the backward instead of quantized again in the rematerialized forward (the
+# weights' 16x16 quantizers and their amax run once per step instead of twice); bf16 and FP8 are unchanged by it.
+KEEP_QUANTIZED = {"minimal": "minimal_with_quantization", "full": None}
+VARIANTS = ("te_nvfp4 all-dense", "seeds' recipe")
 # (name, config, the one-GPU target, the mesh target for bf16, per-device overrides, model layers)
 SETUPS = {
   "8b": (
@@ -96,10 +105,15 @@ def child(config, overrides, out):
 
   cfg = config_lib.load(str(REPO / config), overrides)
   step, rep = train_compile.compile_and_report(cfg)
-  groups = collections.defaultdict(lambda: {"ms": 0.0, "bytes": 0.0, "category": "", "quantization": False})
+  groups = collections.defaultdict(
+    lambda: {"ms": 0.0, "memory_ms": 0.0, "bytes": 0.0, "category": "", "quantization": False, "pallas": False}
+  )
+  bandwidth = step.gpu.memory_bandwidth * roofline.DEFAULT.memory
   for k in step.kernels:
     g = groups[_label(k)]
     g["ms"] += roofline.kernel_seconds(k, step.gpu) * k.count * 1e3
+    g["memory_ms"] += k.bytes / bandwidth * k.count * 1e3  # the kernel's time were it memory-bound
+    g["pallas"] = k.kind == "pallas"
     g["bytes"] += k.bytes * k.count
     g["category"] = k.category
     g["quantization"] = g["quantization"] or (k.category == "elementwise" and quantizing(k))
@@ -130,12 +144,15 @@ def _hbm_bytes(rep):
   return sum(g["bytes"] for g in rep["kernel_groups"].values() if g["category"] != "collective")
 
 
-def _top(rep, base, n=4):
-  """The kernel groups that add the most time over bf16's (quantizers, FP4/FP8 GEMMs), '+x ms' each."""
-  groups, base_groups = rep["kernel_groups"], base["kernel_groups"]
-  deltas = {name: g["ms"] - base_groups.get(name, {}).get("ms", 0.0) for name, g in groups.items()}
-  ranked = sorted((d, name) for name, d in deltas.items() if d > 0.05 * 1)
-  return "; ".join(f"{name} +{d:.1f}" for d, name in reversed(ranked[-n:]))
+def _top(rep, scale, n=4):
+  """The quantization kernels that take the most time, 'name ms' each (scaled to the model's layers)."""
+  groups = [(g["ms"] * scale, name) for name, g in rep["kernel_groups"].items() if g["quantization"]]
+  return "; ".join(f"{name} {ms:.1f}" for ms, name in sorted(groups, reverse=True)[:n] if ms >= 0.5)
+
+
+def _compute_bound_ms(rep):
+  """What the Pallas quantizers take beyond their bytes' time (their calibrated compute, roofline.py)."""
+  return sum(g["ms"] - g["memory_ms"] for g in rep["kernel_groups"].values() if g.get("pallas"))
 
 
 def table(setup_key, name, reports, mesh_bf16, layers_compiled, layers):
@@ -154,12 +171,13 @@ def table(setup_key, name, reports, mesh_bf16, layers_compiled, layers):
   )
   print(
     "| mode (backend) | step ms | vs bf16 | model TFLOP/s/GPU | GEMM ms | non-GEMM ms (quantization) | "
-    "quantization's extra non-GEMM GB (% of bf16 step's bytes) | kernels over bf16's (ms) |"
+    "quantization's extra non-GEMM GB (% of bf16 step's bytes) | what-if: quantizers at their bytes' time: "
+    "step ms, vs bf16 | dominant quantization kernels (ms) |"
   )
-  print("|---|---:|---:|---:|---:|---:|---:|---|")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
   for mode, rep in reports.items():
     if isinstance(rep, str):
-      print(f"| {mode} | failed: {rep} | | | | | | |")
+      print(f"| {mode} | failed: {rep} | | | | | | | |")
       continue
     ms = rep["estimate"]["ms_per_step"]
     step_ms = mesh_ms["total"] + (ms["total"] - base_ms) * scale
@@ -168,13 +186,29 @@ def table(setup_key, name, reports, mesh_bf16, layers_compiled, layers):
     gemm_ms = mesh_ms["gemm"] + (ms["gemm"] - base_ms_part(base, "gemm")) * scale
     non_gemm = step_ms - gemm_ms
     backend = ", ".join(f"{r}: {b}" for r, b in rep["backends"].items()) or "bf16"
+    at_bytes = step_ms - _compute_bound_ms(rep) * scale
+    what_if = (
+      f"{at_bytes:.1f}, {mesh_ms['total'] / at_bytes:.3f}x" if rep["kernel_groups"] and at_bytes < step_ms else "-"
+    )
     print(
       f"| {mode} ({backend}) | {step_ms:.1f} | {mesh_ms['total'] / step_ms:.3f}x | {flops / step_ms / 1e9:,.0f} | "
       f"{gemm_ms:.1f} | {non_gemm:.1f} ({quant_ms:.1f}) | {extra / 1e9:.1f} ({extra / base_bytes:.1%}) | "
-      f"{_top(rep, base) or '-'} |",
+      f"{what_if} | {_top(rep, scale) or '-'} |",
       flush=True,
     )
   return {"setup": setup_key, "mesh_bf16": mesh_bf16, "per_device": reports, "scale": scale}
+
+
+def _remat_policy(config):
+  """The preset's remat_policy (its own line or its base config's)."""
+  path = REPO / config
+  while True:
+    text = path.read_text(encoding="utf-8")
+    found = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("remat_policy:")]
+    if found:
+      return found[0]
+    base = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("base_config:")]
+    path = path.parent / base[0]
 
 
 def base_ms_part(rep, part):
@@ -187,7 +221,7 @@ def main(argv=None):
     return child(argv[1], argv[3:], argv[2])
   parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
   parser.add_argument("--setups", default="8b,405b", help="comma-separated: 8b, 405b")
-  parser.add_argument("--only", help="modes whose name contains this (bf16 always)")
+  parser.add_argument("--modes", help="comma-separated mode names of the table to compile (bf16 always)")
   parser.add_argument("--layers", type=int, default=2, help="405B: layers compiled (the difference scaled to 126)")
   parser.add_argument("--json", help="write every report here")
   args = parser.parse_args(argv)
@@ -196,14 +230,19 @@ def main(argv=None):
   for key in args.setups.split(","):
     name, config, one_gpu, mesh, per_device, layers = SETUPS[key]
     compiled_layers = layers if key == "8b" else args.layers
-    depth = ["override_model_config=true", f"base_num_decoder_layers={compiled_layers}"] if compiled_layers != layers else []
+    depth = ["override_model_config=true", f"base_num_decoder_layers={compiled_layers}"]
+    depth = depth if compiled_layers != layers else []
     mesh_bf16 = compile_row(config, mesh, [*per_device, *MODES["bf16"]])
     if isinstance(mesh_bf16, str):
       print(f"{name}: bf16 on the mesh failed: {mesh_bf16}")
       continue
     reports = {}
-    for mode, overrides in MODES.items():
-      if mode == "bf16" or args.only is None or args.only in mode:
+    keep = KEEP_QUANTIZED[_remat_policy(config)]
+    modes = dict(MODES)
+    for mode in VARIANTS if keep else ():
+      modes[f"{mode}, remat {keep}"] = [*MODES[mode], f"remat_policy={keep}"]
+    for mode, overrides in modes.items():
+      if mode == "bf16" or args.modes is None or mode in args.modes.split(","):
         reports[mode] = compile_row(config, one_gpu, [*per_device, *depth, *overrides])
         print(f"  compiled {mode}", file=sys.stderr, flush=True)
     if isinstance(reports["bf16"], str):

@@ -224,12 +224,16 @@ def nvfp4_narrow(
   four_over_six=None,
   transpose=False,
   interpret=False,
+  amax=None,
 ):
   """nvfp4.quantize(x.T if transpose else x, ...) as the block-scaled GEMM reads it: (E2M1 values [R, C] in
   float4_e2m1fn, E4M3 block scales [R, ceil(C/16)] in float8_e4m3fn, amax); the same bits as the XLA path, written
-  once (half a byte and a sixteenth of a byte per element) by one kernel after the amax pass."""
+  once (half a byte and a sixteenth of a byte per element) by one kernel after the amax pass. `amax`: max |operand|
+  (of its RHT if rht) computed by the caller, exactly grids.abs_max's, instead of the amax pass."""
   options = dict(tile=tile, rht=rht, stochastic_rounding=stochastic_rounding, key=key, four_over_six=four_over_six)
-  call, layout, rows, cols, amax = _nvfp4_call(x, _nvfp4_narrow_kernel, transpose, interpret, "_narrow", **options)
+  call, layout, rows, cols, amax = _nvfp4_call(
+    x, _nvfp4_narrow_kernel, transpose, interpret, "_narrow", amax=amax, **options
+  )
   blocks = layout.cols // NVFP4_BLOCK
   half, block_half = layout.cols // 2, layout.block_cols // 2
   shape = lambda n: jax.ShapeDtypeStruct((layout.pair, layout.rows // layout.pair, n), jnp.uint8)
@@ -240,9 +244,11 @@ def nvfp4_narrow(
   return values.reshape(layout.rows, layout.cols)[:rows, :cols], scales[:rows, : -(-cols // NVFP4_BLOCK)], amax
 
 
-def _nvfp4_call(x, kernel, transpose, interpret, suffix, *, tile, rht, stochastic_rounding, key, four_over_six):
+def _nvfp4_call(
+  x, kernel, transpose, interpret, suffix, *, tile, rht, stochastic_rounding, key, four_over_six, amax=None
+):
   """(call(out_shapes, out_specs) -> outputs, layout, operand rows, operand cols, amax) of an NVFP4 quantize pass: the
-  checks, the padding and the amax pass done; the kernel's scalars and x bound."""
+  checks, the padding and the amax pass (unless `amax` is given) done; the kernel's scalars and x bound."""
   rows, cols = x.shape[::-1] if transpose else x.shape
   if not nvfp4_supported((rows, cols), tile=tile, stochastic_rounding=stochastic_rounding, key=key):
     raise ValueError(
@@ -253,7 +259,8 @@ def _nvfp4_call(x, kernel, transpose, interpret, suffix, *, tile, rht, stochasti
     raise ValueError(f"hadamard16: last axis of shape {(rows, cols)} must be a multiple of {NVFP4_BLOCK}")
   tile_rows = tile[0]
   padded = pallas_layout.pad_operand(x, transpose=transpose, row_multiple=tile_rows, col_multiple=NVFP4_BLOCK)
-  amax = amax_padded(padded, transpose=transpose, rht=rht, interpret=interpret)
+  if amax is None:
+    amax = amax_padded(padded, transpose=transpose, rht=rht, interpret=interpret)
   s_enc = nvfp4.global_encode_scale(amax, nvfp4.global_e4m3_max(four_over_six))
   scalars = [jnp.stack([s_enc, grids.div_rn(1.0, s_enc), amax])]
   if stochastic_rounding:
