@@ -5,6 +5,8 @@ TFLOP/s per GPU, the bytes quantization adds outside the GEMMs, and the kernels 
 compiled estimate for its target (deviceless compile on this machine), never a measurement.
 
     scripts/te/python.sh benchmarks/nvfp4_blackwell.py [--setups 8b,405b] [--modes NAME,...] [--json out.json]
+        [--versus before.json]     (a JSON of another commit: each mode's step then and now)
+    python benchmarks/nvfp4_blackwell.py --from-json out.json [--versus before.json]   (the tables again)
 
 How the multi-GPU step is estimated: each mode is compiled for ONE GPU of the target at the per-device shape (the
 same sequences per device, the whole model), and its difference from bf16 compiled the same way is added to the bf16
@@ -170,33 +172,58 @@ def table(setup_key, name, reports, mesh_bf16, layers_compiled, layers):
     + (f" with {layers_compiled} of {layers} layers, differences x {scale:g}" if scale != 1 else "")
   )
   print(
-    "| mode (backend) | step ms | vs bf16 | model TFLOP/s/GPU | GEMM ms | non-GEMM ms (quantization) | "
+    "| mode (backend) | step ms | vs bf16 | model TFLOP/s/GPU | GEMM ms | non-GEMM ms (over bf16's) | "
     "quantization's extra non-GEMM GB (% of bf16 step's bytes) | what-if: quantizers at their bytes' time: "
-    "step ms, vs bf16 | dominant quantization kernels (ms) |"
+    "step ms, vs bf16 | what-if: weights quantized per FSDP shard (#46): step ms, vs bf16 | "
+    "dominant quantization kernels (ms) |"
   )
-  print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
   for mode, rep in reports.items():
     if isinstance(rep, str):
-      print(f"| {mode} | failed: {rep} | | | | | | | |")
+      print(f"| {mode} | failed: {rep} | | | | | | | | |")
       continue
     ms = rep["estimate"]["ms_per_step"]
     step_ms = mesh_ms["total"] + (ms["total"] - base_ms) * scale
-    quant_ms = sum(g["ms"] for g in rep["kernel_groups"].values() if g["quantization"]) * scale
     extra = (_non_gemm_bytes(rep) - _non_gemm_bytes(base)) * scale
     gemm_ms = mesh_ms["gemm"] + (ms["gemm"] - base_ms_part(base, "gemm")) * scale
     non_gemm = step_ms - gemm_ms
+    base_non_gemm = mesh_ms["total"] - mesh_ms["gemm"]
     backend = ", ".join(f"{r}: {b}" for r, b in rep["backends"].items()) or "bf16"
     at_bytes = step_ms - _compute_bound_ms(rep) * scale
     what_if = (
       f"{at_bytes:.1f}, {mesh_ms['total'] / at_bytes:.3f}x" if rep["kernel_groups"] and at_bytes < step_ms else "-"
     )
+    # The one-GPU compile quantizes each weight whole; quantized per FSDP shard and gathered narrow (#46), a device
+    # runs 1/num_devices of the 16x16 weight quantizers (their amax and the collectives left as they are).
+    weights_ms = sum(g["ms"] for name, g in rep["kernel_groups"].items() if "16x16" in name) * scale
+    per_shard = step_ms - weights_ms * (1 - 1 / mesh_bf16["num_devices"])
+    sharded = f"{per_shard:.1f}, {mesh_ms['total'] / per_shard:.3f}x" if weights_ms else "-"
     print(
       f"| {mode} ({backend}) | {step_ms:.1f} | {mesh_ms['total'] / step_ms:.3f}x | {flops / step_ms / 1e9:,.0f} | "
-      f"{gemm_ms:.1f} | {non_gemm:.1f} ({quant_ms:.1f}) | {extra / 1e9:.1f} ({extra / base_bytes:.1%}) | "
-      f"{what_if} | {_top(rep, scale) or '-'} |",
+      f"{gemm_ms:.1f} | {non_gemm:.1f} ({non_gemm - base_non_gemm:+.1f}) | "
+      f"{extra / 1e9:.1f} ({extra / base_bytes:.1%}) | {what_if} | {sharded} | {_top(rep, scale) or '-'} |",
       flush=True,
     )
   return {"setup": setup_key, "mesh_bf16": mesh_bf16, "per_device": reports, "scale": scale}
+
+
+def mesh_step_ms(record, mode):
+  """A mode's estimated step on the mesh (ms) from a record of the JSON: bf16 on the mesh plus its difference."""
+  per_device = record["per_device"]
+  total = lambda rep: rep["estimate"]["ms_per_step"]["total"]
+  return total(record["mesh_bf16"]) + (total(per_device[mode]) - total(per_device["bf16"])) * record["scale"]
+
+
+def versus(records, before_records):
+  """Each mode's step before (another commit's JSON) and now, and the ratio: one line per mode in both."""
+  before = {r["setup"]: r for r in before_records}
+  for record in records:
+    old = before.get(record["setup"])
+    for mode, rep in record["per_device"].items():
+      if old is None or mode == "bf16" or isinstance(rep, str) or isinstance(old["per_device"].get(mode, ""), str):
+        continue
+      a, b = mesh_step_ms(old, mode), mesh_step_ms(record, mode)
+      print(f"{record['setup']} {mode}: {a:.1f} ms before, {b:.1f} ms now ({b / a:.3f}x the step time)")
 
 
 def _remat_policy(config):
@@ -224,7 +251,17 @@ def main(argv=None):
   parser.add_argument("--modes", help="comma-separated mode names of the table to compile (bf16 always)")
   parser.add_argument("--layers", type=int, default=2, help="405B: layers compiled (the difference scaled to 126)")
   parser.add_argument("--json", help="write every report here")
+  parser.add_argument("--from-json", help="print the tables of a JSON this wrote, compiling nothing")
+  parser.add_argument("--versus", help="a JSON this wrote at another commit: each mode's step then and now")
   args = parser.parse_args(argv)
+  if args.from_json:
+    records = json.loads(pathlib.Path(args.from_json).read_text(encoding="utf-8"))
+    for r in records:
+      name, layers = SETUPS[r["setup"]][0], SETUPS[r["setup"]][5]
+      table(r["setup"], name, r["per_device"], r["mesh_bf16"], round(layers / r["scale"]), layers)
+    if args.versus:
+      versus(records, json.loads(pathlib.Path(args.versus).read_text(encoding="utf-8")))
+    return 0
   print(f"benchmarks/nvfp4_blackwell.py at commit {provenance.commit(mark_dirty=True)}: train_compile's roofline")
   records = []
   for key in args.setups.split(","):
@@ -251,6 +288,8 @@ def main(argv=None):
     records.append(table(key, name, reports, mesh_bf16, compiled_layers, layers))
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(records) + "\n", encoding="utf-8")
+  if args.versus:
+    versus(records, json.loads(pathlib.Path(args.versus).read_text(encoding="utf-8")))
   return 0
 
 
