@@ -81,9 +81,7 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, transpose, interpr
   # The plain amax (no RHT) as XLA's reduction, which XLA fuses into the kernel that produces x (the SwiGLU, the
   # RMSNorm, the cast of a weight): no pass of its own over x. The same number as the amax pass (grids.abs_max).
   amax = None if options["rht"] else grids.abs_max(x.astype(jnp.float32))
-  values, scales, amax = pallas_quantize.nvfp4_narrow(
-    x, **options, transpose=transpose, interpret=interpret, amax=amax
-  )
+  values, scales, amax = pallas_quantize.nvfp4_narrow(x, **options, transpose=transpose, interpret=interpret, amax=amax)
   e4m3_max = jnp.float32(nvfp4.global_e4m3_max(options["four_over_six"]))
   return QuantizedTensor(values, scales, amax, e4m3_max, tile=options["tile"])
 
