@@ -137,7 +137,7 @@ def decode(cfg, log=print):
   batch = config_lib.RunShape.of(cfg, len(devices)).global_batch_size
   mesh = sharding.make_mesh(cfg, devices)
   graphdef, abstract_params, rest = abstract_model(cfg)
-  with jax.set_mesh(mesh), matmul_precision(cfg):
+  with sharding.use_mesh(mesh), matmul_precision(cfg):
     shardings = sharding.param_shardings(abstract_params, mesh)
     template = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params, shardings)
     params, source = load_params(cfg, template, log)

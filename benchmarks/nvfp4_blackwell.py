@@ -6,6 +6,7 @@ compiled estimate for its target (deviceless compile on this machine), never a m
 
     scripts/te/python.sh benchmarks/nvfp4_blackwell.py [--setups 8b,405b] [--modes NAME,...] [--json out.json]
         [--versus before.json]     (a JSON of another commit: each mode's step then and now)
+        [--on-mesh]                (each mode compiled on the whole mesh too, the whole model: its own table)
     python benchmarks/nvfp4_blackwell.py --from-json out.json [--versus before.json]   (the tables again)
 
 How the multi-GPU step is estimated: each mode is compiled for ONE GPU of the target at the per-device shape (the
@@ -15,6 +16,9 @@ so the GEMMs, attention and quantizers are per-device work; the collectives (wei
 reduce-scattered in bf16) are taken as bf16's in every mode (#46 compiles the quantized steps on the mesh with no
 more collective bytes than bf16's). The one-GPU compile quantizes every weight whole, as each FSDP device does after
 the all-gather. 405B: `--layers` of its 126 layers compiled (scan_layers), the per-mode difference scaled to 126.
+`--on-mesh` also compiles each mode on the mesh itself, the whole model (the quantized GEMMs partitioned per shard,
+quantization/partition.py: each device quantizes its own shards, the weights gathered quantized), a second table with
+each mode's own collectives and peak memory; 8B's take about 2 min per mode on a 2-core box, 405B's far longer.
 """
 
 import argparse
@@ -207,6 +211,33 @@ def table(setup_key, name, reports, mesh_bf16, layers_compiled, layers):
   return {"setup": setup_key, "mesh_bf16": mesh_bf16, "per_device": reports, "scale": scale}
 
 
+def mesh_table(name, on_mesh):
+  """The modes compiled on the mesh itself (`--on-mesh`): each step's own estimate, collectives and peak memory."""
+  base = on_mesh["bf16"]
+  base_ms = base["estimate"]["ms_per_step"]
+  flops = base["flops_per_device"]
+  print(f"\n### {name}, every mode compiled on the mesh ({base['target']}, {base['num_devices']} GPUs): estimates")
+  print(
+    "| mode (backend) | step ms | vs bf16 | model TFLOP/s/GPU | GEMM ms | non-GEMM ms (over bf16's) | collectives ms | "
+    "collective GiB/GPU | peak GiB/GPU | dominant quantization kernels (ms) |"
+  )
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+  for mode, rep in on_mesh.items():
+    if isinstance(rep, str):
+      print(f"| {mode} | failed: {rep} | | | | | | | | |")
+      continue
+    ms = rep["estimate"]["ms_per_step"]
+    non_gemm, base_non_gemm = ms["total"] - ms["gemm"], base_ms["total"] - base_ms["gemm"]
+    backend = ", ".join(f"{r}: {b}" for r, b in rep["backends"].items()) or "bf16"
+    print(
+      f"| {mode} ({backend}) | {ms['total']:.1f} | {base_ms['total'] / ms['total']:.3f}x | "
+      f"{flops / ms['total'] / 1e9:,.0f} | {ms['gemm']:.1f} | {non_gemm:.1f} ({non_gemm - base_non_gemm:+.1f}) | "
+      f"{ms['collectives']:.1f} | {sum(rep['collectives'].values()) / GIB:.1f} | "
+      f"{rep['memory']['peak_bytes'] / GIB:.1f} | {_top(rep, 1) or '-'} |",
+      flush=True,
+    )
+
+
 def mesh_step_ms(record, mode):
   """A mode's estimated step on the mesh (ms) from a record of the JSON: bf16 on the mesh plus its difference."""
   per_device = record["per_device"]
@@ -253,12 +284,15 @@ def main(argv=None):
   parser.add_argument("--json", help="write every report here")
   parser.add_argument("--from-json", help="print the tables of a JSON this wrote, compiling nothing")
   parser.add_argument("--versus", help="a JSON this wrote at another commit: each mode's step then and now")
+  parser.add_argument("--on-mesh", action="store_true", help="each mode compiled on the mesh too, the whole model")
   args = parser.parse_args(argv)
   if args.from_json:
     records = json.loads(pathlib.Path(args.from_json).read_text(encoding="utf-8"))
     for r in records:
       name, layers = SETUPS[r["setup"]][0], SETUPS[r["setup"]][5]
       table(r["setup"], name, r["per_device"], r["mesh_bf16"], round(layers / r["scale"]), layers)
+      if r.get("on_mesh"):
+        mesh_table(name, r["on_mesh"])
     if args.versus:
       versus(records, json.loads(pathlib.Path(args.versus).read_text(encoding="utf-8")))
     return 0
@@ -273,7 +307,7 @@ def main(argv=None):
     if isinstance(mesh_bf16, str):
       print(f"{name}: bf16 on the mesh failed: {mesh_bf16}")
       continue
-    reports = {}
+    reports, compiled = {}, {}
     keep = KEEP_QUANTIZED[_remat_policy(config)]
     modes = dict(MODES)
     for mode in VARIANTS if keep else ():
@@ -281,11 +315,20 @@ def main(argv=None):
     for mode, overrides in modes.items():
       if mode == "bf16" or args.modes is None or mode in args.modes.split(","):
         reports[mode] = compile_row(config, one_gpu, [*per_device, *depth, *overrides])
+        compiled[mode] = overrides
         print(f"  compiled {mode}", file=sys.stderr, flush=True)
     if isinstance(reports["bf16"], str):
       print(f"{name}: bf16 on one GPU failed: {reports['bf16']}")
       continue
     records.append(table(key, name, reports, mesh_bf16, compiled_layers, layers))
+    if args.on_mesh:  # the whole model on the whole mesh: bf16's is the table's own
+      on_mesh = {"bf16": mesh_bf16}
+      for mode, overrides in compiled.items():
+        if mode != "bf16":
+          on_mesh[mode] = compile_row(config, mesh, [*per_device, *overrides])
+          print(f"  compiled {mode} on the mesh", file=sys.stderr, flush=True)
+      records[-1]["on_mesh"] = on_mesh
+      mesh_table(name, on_mesh)
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(records) + "\n", encoding="utf-8")
   if args.versus:

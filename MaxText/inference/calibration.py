@@ -96,7 +96,7 @@ def calibrate(cfg, step_dir, num_batches=DEFAULT_BATCHES, log=print):
     model = nnx.merge(graphdef, params, rest)
     return grids.abs_max(model.hidden(inputs, positions, segment_ids, layer_precisions=ranges).astype(jnp.float32))
 
-  with jax.set_mesh(mesh):
+  with sharding.use_mesh(mesh):
     shardings = sharding.param_shardings(abstract_params, mesh)
     template = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params, shardings)
     params = restore_params(step_dir, template)

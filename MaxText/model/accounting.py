@@ -10,12 +10,15 @@ GIB = 2**30
 
 def param_count(cfg) -> int:
   """Exact parameter count of the Llama 3 decoder (one vocab x width matrix fewer with logits_via_embedding)."""
-  d, f, h, kv, dh = cfg.base_emb_dim, cfg.base_mlp_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
-  attention = d * h * dh * 2 + d * kv * dh * 2
-  mlp = 3 * d * f
-  per_layer = attention + mlp + 2 * d
+  d = cfg.base_emb_dim
   embeddings = (1 if cfg.logits_via_embedding else 2) * cfg.vocab_size * d
-  return embeddings + cfg.base_num_decoder_layers * per_layer + d
+  return embeddings + cfg.base_num_decoder_layers * layer_param_count(cfg) + d
+
+
+def layer_param_count(cfg) -> int:
+  """Parameters of one decoder layer: q, k, v, o, the gated MLP's gate, up and down, two norms."""
+  d, f, h, kv, dh = cfg.base_emb_dim, cfg.base_mlp_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
+  return d * h * dh * 2 + d * kv * dh * 2 + 3 * d * f + 2 * d
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +83,11 @@ class MemoryEstimate:
   optimizer: float
   activations: float
   amax_history: float = 0.0  # FP8 delayed scaling's histories and their updates (amax_history_bytes)
+  gathered: float = 0.0  # FSDP's all-gathered layer weights (gathered_weight_bytes)
 
   @property
   def total_gib(self):
-    return (self.params + self.grads + self.optimizer + self.activations + self.amax_history) / GIB
+    return (self.params + self.grads + self.optimizer + self.activations + self.amax_history + self.gathered) / GIB
 
 
 def activation_bytes(cfg, micro_batch_per_device) -> float:
@@ -148,14 +152,27 @@ def amax_history_bytes(cfg) -> float:
   return 2 * cfg.base_num_decoder_layers * DENSE_PER_LAYER * 3 * precision.amax_history_len(cfg) * 4
 
 
+GATHERED_LAYERS = 2  # the layer being computed and the next, whose all-gather the latency-hiding scheduler starts early
+
+
+def gathered_weight_bytes(cfg, mesh_sizes) -> float:
+  """FSDP's working set: where parameters are split over fsdp (or context), each layer's weights are all-gathered
+  in the compute dtype before its GEMMs, and the next layer's gather is already under way: GATHERED_LAYERS layers
+  of weights (split only by tensor parallelism) beside the sharded state. Compiled for 128 GB300s, Llama 3.1 405B
+  (6.4 GB of bf16 weights per layer) peaks 12.5 GiB above the state and activations (benchmarks/RESULTS.md)."""
+  if mesh_sizes.get("fsdp", 1) * mesh_sizes.get("context", 1) == 1:
+    return 0.0
+  return GATHERED_LAYERS * layer_param_count(cfg) * BYTES[cfg.dtype] / mesh_sizes.get("tensor", 1)
+
+
 def optimizer_slots(cfg) -> int:
   """f32 values the optimizer keeps per parameter: Adam's mu and nu (adamw, adam_pax), none for sgd."""
   return 0 if cfg.opt_type == "sgd" else 2
 
 
 def memory_per_device(cfg, mesh_sizes, micro_batch_size) -> MemoryEstimate:
-  """Parameters, f32 gradients and AdamW state (mu, nu in f32) per device, plus activations and FP8 delayed
-  scaling's amax histories.
+  """Parameters, f32 gradients and AdamW state (mu, nu in f32) per device, plus activations, FSDP's gathered
+  weights and FP8 delayed scaling's amax histories.
 
   `mesh_sizes`: {axis: size} (MaxText.runtime.sharding.mesh_shape) or a device count (pure FSDP).
   Parameters, gradients and optimizer state are split over every axis but data (FSDP + context +
@@ -172,7 +189,8 @@ def memory_per_device(cfg, mesh_sizes, micro_batch_size) -> MemoryEstimate:
   batch_shards = mesh_sizes.get("data", 1) * mesh_sizes.get("fsdp", 1)
   per_device_micro = max(micro_batch_size / batch_shards, 1e-9)
   activations = activation_bytes(cfg, per_device_micro) / mesh_sizes.get("context", 1)
-  return MemoryEstimate(params, grads, optimizer, activations, amax_history_bytes(cfg))
+  gathered = gathered_weight_bytes(cfg, mesh_sizes)
+  return MemoryEstimate(params, grads, optimizer, activations, amax_history_bytes(cfg), gathered)
 
 
 # Published HBM per GPU (GB = 1e9 bytes) and the share left after XLA workspace, NCCL buffers and

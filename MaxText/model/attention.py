@@ -130,10 +130,13 @@ class Attention(nnx.Module):
     kw = dict(
       dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs, history_len=amax_history_len(cfg)
     )
-    self.query = Dense(d, h * dh, remat_name="query_proj", **kw)
-    self.key = Dense(d, kv * dh, remat_name="key_proj", **kw)
-    self.value = Dense(d, kv * dh, remat_name="value_proj", **kw)
-    self.out = Dense(h * dh, d, remat_name="out_proj", **kw)
+    heads = dict(kernel_axes=("embed", "heads"), out_axes=("activation_heads",))
+    kv_heads = dict(kernel_axes=("embed", "kv_heads"), out_axes=("activation_heads",))
+    out = dict(kernel_axes=("heads", "embed"), in_axis="activation_heads", out_axes=("activation_embed",))
+    self.query = Dense(d, h * dh, remat_name="query_proj", **heads, **kw)
+    self.key = Dense(d, kv * dh, remat_name="key_proj", **kv_heads, **kw)
+    self.value = Dense(d, kv * dh, remat_name="value_proj", **kv_heads, **kw)
+    self.out = Dense(h * dh, d, remat_name="out_proj", **out, **kw)
     self.heads, self.kv_heads, self.head_dim = h, kv, dh
     self.rope = (
       dh,

@@ -26,12 +26,15 @@ class MLP(nnx.Module):
       dtype=jnp.dtype(cfg.dtype), weight_dtype=jnp.dtype(cfg.weight_dtype), rngs=rngs, history_len=amax_history_len(cfg)
     )
     self.fused = cfg.fused_mlp
+    up = dict(kernel_axes=("embed", "mlp"), out_axes=("activation_mlp",))
     if self.fused:
-      self.gate_up = Dense(d, (2, f), remat_name="mlpwi", **kw)
+      fused_axes = dict(kernel_axes=("embed", "num_activations", "mlp"), out_axes=("num_activations", "activation_mlp"))
+      self.gate_up = Dense(d, (2, f), remat_name="mlpwi", **fused_axes, **kw)
     else:
-      self.gate = Dense(d, f, remat_name="mlpwi_0", **kw)
-      self.up = Dense(d, f, remat_name="mlpwi_1", **kw)
-    self.down = Dense(f, d, remat_name="mlpwo", **kw)
+      self.gate = Dense(d, f, remat_name="mlpwi_0", **up, **kw)
+      self.up = Dense(d, f, remat_name="mlpwi_1", **up, **kw)
+    down = dict(kernel_axes=("mlp", "embed"), in_axis="activation_mlp", out_axes=("activation_embed",))
+    self.down = Dense(f, d, remat_name="mlpwo", **down, **kw)
     self.activations = tuple(cfg.mlp_activations)
 
   def __call__(self, x_BxLxD, precision, key, stats_sinks=None):

@@ -2,14 +2,16 @@
 the NVFP4 options change, and the share of training FLOPs in each format."""
 
 from MaxText.precision.plan import GEMMS, GemmPrecision, PrecisionPlan
-from MaxText.quantization import backends
+from MaxText.quantization import backends, partition
 from MaxText.quantization.formats import Format
 
 
 def _quantizers(backend, precision: GemmPrecision):
   """Who quantizes the operands: our Pallas kernels (Four Over Six included) or the XLA path ('-' where nothing or TE
-  does)."""
-  impl = backend.quantizers(precision.kernels)
+  does); for a partitioned GEMM (every stateless recipe's Dense under a mesh) the kernels each device runs on its
+  shard (quantization/partition.py)."""
+  kernels = precision.kernels if precision.recipe.stateful else partition.per_shard_kernels(precision.kernels)
+  impl = backend.quantizers(kernels)
   return "-" if impl is None else impl
 
 

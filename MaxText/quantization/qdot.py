@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 
 from MaxText.quantization import backends
+from MaxText.quantization import partition as partition_lib
 from MaxText.quantization import stats as stats_lib
-from MaxText.quantization.backends import emulated
-from MaxText.quantization.backends.base import REMAT_NAME, split_grad_keys
+from MaxText.quantization.backends import emulated, te
+from MaxText.quantization.backends.base import REMAT_NAME, OperandBackend, split_grad_keys
 from MaxText.quantization.kernels.quantizer_impl import Kernels
 from MaxText.quantization.recipes import Recipe
 
@@ -84,8 +85,39 @@ def qmatmul(x, w, recipe: Recipe, *, key=None, backend=backends.Choice.AUTO, sta
   return y
 
 
-def qdense(x, w, recipe: Recipe, *, key=None, backend=backends.Choice.AUTO, stats_sink=None, kernels=Kernels.AUTO):
-  """x [..., K] . w [K, N] per `recipe`: flattens leading axes into rows (the Dense-layer hook)."""
+def qdense(
+  x,
+  w,
+  recipe: Recipe,
+  *,
+  key=None,
+  backend=backends.Choice.AUTO,
+  stats_sink=None,
+  kernels=Kernels.AUTO,
+  partition: partition_lib.GemmAxes = None,
+):
+  """x [..., K] . w [K, *out] per `recipe` -> [..., *out] (the Dense-layer hook).
+
+  `partition`: the mesh axes splitting each dimension (partition.GemmAxes). Under a mesh that splits them, an operand
+  backend's GEMM (emulated, xla) runs partitioned: each device quantizes its own shard and the collectives are the
+  BF16 GEMM's (partition.py), the quantized bits one device's. TE's GEMMs take x and w with their own dimensions and
+  are partitioned by TE's rules (te.mesh_resource); BF16 and delayed scaling are one global computation that XLA
+  partitions."""
   *lead, k = x.shape
-  y = qmatmul(x.reshape(-1, k), w, recipe, key=key, backend=backend, stats_sink=stats_sink, kernels=kernels)
-  return y.reshape(*lead, w.shape[1])
+  out = w.shape[1:]
+  if not recipe.quantized or recipe.stateful:
+    return qmatmul(x.reshape(-1, k), w.reshape(k, -1), recipe, key=key, backend=backend, kernels=kernels).reshape(
+      *lead, *out
+    )
+  key = _as_key(key, recipe)
+  chosen = backend if hasattr(backend, "matmul") else backends.resolve(recipe, backend)
+  if partition_lib.active(partition) and isinstance(chosen, OperandBackend):
+    y = partition_lib.qdense(x, w, recipe, chosen, key=key, kernels=kernels, axes=partition)
+  elif chosen is backends.TE:
+    y = te.qmatmul(x, w, recipe, key=key, checkpoint_name=REMAT_NAME)
+  else:
+    y = chosen.matmul(x.reshape(-1, k), w.reshape(k, -1), recipe, key=key, kernels=kernels).reshape(*lead, *out)
+  if stats_sink is not None:
+    probe = _stats_probe(x.reshape(-1, k), w.reshape(k, -1), key, stats_sink, recipe)
+    y = y + probe.reshape(y.shape)
+  return y

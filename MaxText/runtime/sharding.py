@@ -4,6 +4,7 @@ Mesh axes: data (replicas), fsdp (parameters and batch sharded), context (sequen
 MLP width, vocabulary). dcn_* split the processes (nodes, outermost), ici_* the devices within each.
 """
 
+import contextlib
 import math
 
 import jax
@@ -11,6 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from MaxText.errors import UserError
+from MaxText.quantization.backends import te as te_backend
 
 MESH_AXES = ("data", "fsdp", "context", "tensor")
 
@@ -110,6 +112,12 @@ def logical_to_spec(logical_axes, shape, mesh_sizes, *, strict=True, what="array
   strict: a dim that those axes don't divide is an error (parameters); otherwise it stays unsplit
   (activations).
   """
+  dims = mesh_axes(logical_axes, shape, mesh_sizes, strict=strict, what=what)
+  return P(*(None if not axes else axes[0] if len(axes) == 1 else axes for axes in dims))
+
+
+def mesh_axes(logical_axes, shape, mesh_sizes, *, strict=True, what="array"):
+  """logical_to_spec as a tuple of mesh-axis tuples, one per dim (() for an unsplit dim)."""
   spec, used = [], set()
   for dim, name in zip(shape, logical_axes):
     axes = tuple(a for a in LOGICAL_RULES[name] if mesh_sizes.get(a, 1) > 1 and a not in used)
@@ -122,8 +130,8 @@ def logical_to_spec(logical_axes, shape, mesh_sizes, *, strict=True, what="array
         )
       axes = ()
     used.update(axes)
-    spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
-  return P(*spec)
+    spec.append(axes)
+  return tuple(spec)
 
 
 def param_path(path):
@@ -152,6 +160,15 @@ def param_shardings(params, mesh):
 def batch_sharding(mesh):
   """[B, L] inputs: batch over data+fsdp, length over context."""
   return NamedSharding(mesh, logical_to_spec(BATCH_AXES, (0, 0), dict(mesh.shape), strict=False))
+
+
+@contextlib.contextmanager
+def use_mesh(mesh):
+  """Inside: `mesh` is the current mesh (jax.set_mesh), and Transformer Engine's GEMMs are partitioned by TE's rules
+  with its data, fsdp, tensor and context axes (TE's MeshResource, what upstream MaxText sets for a run). Trace,
+  compile and run a program that may hold TE GEMMs inside it."""
+  with jax.set_mesh(mesh), te_backend.mesh_resource(data="data", fsdp="fsdp", tensor="tensor", context="context"):
+    yield
 
 
 def constrain(x, logical_axes):

@@ -24,9 +24,8 @@ from MaxText.aot import devices as aot_devices, hlo, roofline, targets
 from MaxText.config import RunShape
 from MaxText.data.batch import Batch
 from MaxText.model import accounting
-from MaxText.quantization import backends, target as quant_target
+from MaxText.quantization import backends, partition, target as quant_target
 from MaxText.quantization.backends import te as te_backend
-from MaxText.quantization.kernels import quantizer_impl
 from MaxText.runtime import sharding, xla_flags
 from MaxText.trainer import optimizer, run_setup
 from MaxText.trainer.hooks.profiler import compiled_memory
@@ -117,8 +116,9 @@ def _backends_used(plan):
         continue
       backend = backends.resolve(prec.recipe, prec.backend)
       text = backend.name
-      if backend in (backends.EMULATED, backends.XLA):
-        text += f" ({quantizer_impl.resolve(prec.kernels).value} quantizers)"
+      if backend in (backends.EMULATED, backends.XLA):  # a stateless recipe's GEMMs are partitioned: per shard
+        kernels = prec.kernels if prec.recipe.stateful else partition.per_shard_kernels(prec.kernels)
+        text += f" ({backend.quantizers(kernels)} quantizers)"
       out[prec.recipe.name] = text
   return out
 
@@ -145,15 +145,15 @@ def compile_step(
   # Outside the mesh's context: optax's tree_map_params initializes the optimizer eagerly (a jnp.zeros), which no
   # compile-only device can hold; on the default (host) device it holds nothing that matters.
   graphdef, tx, state_shardings, args = abstract_inputs(cfg, mesh, run_shape)
-  with named, jax.set_mesh(mesh):
+  with named, sharding.use_mesh(mesh):  # Transformer Engine's GEMMs partitioned by its rules, traced and compiled
     steps = StepFunctions(cfg, graphdef, tx, plan, state_shardings, seed_key=None)
     _, step_fn = steps.for_step(_steady_step(cfg))
     with jax.default_device(devices[0]):  # Pallas' Triton lowering asks the default device for its GPU
       lowered = step_fn.lower(*args)
     used = _backends_used(plan)
-  if xla_options is None:
-    xla_options = xla_flags.compiler_options(len(devices)) if compile_only else {}
-  compiled = lowered.compile(compiler_options=xla_options or None)
+    if xla_options is None:
+      xla_options = xla_flags.compiler_options(len(devices)) if compile_only else {}
+    compiled = lowered.compile(compiler_options=xla_options or None)
   memory = compiled_memory(compiled) or {}
   if compile_only:
     device_bytes = gpu.device_memory_size if gpu is not None else 0

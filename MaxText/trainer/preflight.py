@@ -83,6 +83,7 @@ def summary(cfg, run_shape, mesh_sizes):
     f"{mem.grads / accounting.GIB:.2f} GiB (f32), optimizer state {mem.optimizer / accounting.GIB:.2f} GiB "
     f"({optimizer_state}), activations ~{mem.activations / accounting.GIB:.2f} GiB "
     f"(remat_policy={cfg.remat_policy}, micro-batch {run_shape.micro_batch_size}, estimate)"
+    + (f", gathered weights {mem.gathered / accounting.GIB:.2f} GiB (fsdp)" if mem.gathered else "")
     + (f", amax histories {mem.amax_history / accounting.GIB:.2f} GiB" if mem.amax_history else ""),
     f"global batch: {run_shape.global_batch_size} sequences x {cfg.max_target_length} tokens "
     f"({run_shape.tokens_per_step} tokens/step)",

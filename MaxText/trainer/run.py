@@ -10,7 +10,7 @@ from MaxText import precision, storage
 from MaxText.config import RunShape
 from MaxText.errors import UserError
 from MaxText.quantization import cpu_gemm
-from MaxText.runtime import compile_cache, distributed, job_stop, peers, preemption
+from MaxText.runtime import compile_cache, distributed, job_stop, peers, preemption, sharding
 from MaxText.trainer import aot_step, preflight, run_setup
 from MaxText.trainer.loop import Loop, NonFiniteLoss
 
@@ -81,7 +81,7 @@ def _train(cfg, process_index, process_count, watchdog, stop):
     peers.native_stderr_to(os.path.join(log_dir, f"native_stderr.process{process_index}.log"))
   run = run_setup.build(cfg, plan, run_shape, devices, process_index, process_count, out_dir)
   try:
-    with jax.set_mesh(run.mesh):
+    with sharding.use_mesh(run.mesh):
       loop = Loop(
         run.state,
         run.steps,

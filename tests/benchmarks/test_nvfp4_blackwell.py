@@ -70,3 +70,28 @@ def test_what_the_table_counts_as_quantization():
 @pytest.mark.parametrize("setup,policy", [("8b", "minimal"), ("405b", "full")])
 def test_the_presets_remat_policies(setup, policy):
   assert nb._remat_policy(nb.SETUPS[setup][1]) == policy  # pylint: disable=protected-access
+
+
+def test_on_the_mesh_each_mode_is_its_own_compiled_step(capsys):
+  """--on-mesh: every figure the mode's own compile on the mesh (no difference method); vs bf16, TFLOP/s from bf16's
+  model FLOPs, its own collectives and peak memory."""
+  gib = 2**30
+  on_mesh = {}
+  for mode, gemm, elementwise, collectives, peak in (("bf16", 400.0, 100.0, 30.0, 120), ("q", 150.0, 260.0, 25.0, 110)):
+    rep = _report(gemm, elementwise, {}, target="gb200-8")
+    rep["estimate"]["ms_per_step"]["collectives"] = collectives
+    rep["estimate"]["ms_per_step"]["total"] = gemm + elementwise + 5.0 + collectives
+    rep.update(num_devices=8, flops_per_device=1e15, memory={"peak_bytes": peak * gib})
+    rep["collectives"] = {"all-gather": 3 * gib, "reduce-scatter": 1.5 * gib}
+    on_mesh[mode] = rep
+  on_mesh["q"]["kernel_groups"] = {"quantize_nvfp4_sr_narrow": _group(12.5, 1e9, quantization=True, pallas=True)}
+  on_mesh["q"]["collectives"] = {"all-gather": 1 * gib, "reduce-scatter": 1.5 * gib}
+  on_mesh["q"]["backends"] = {"te_nvfp4": "xla (pallas quantizers)"}
+  nb.mesh_table("test", on_mesh)
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert "gb200-8, 8 GPUs" in lines[0]
+  bf16, q = (line.split(" | ") for line in lines[-2:])
+  assert bf16[:3] == ["| bf16 (bf16)", "535.0", "1.000x"] and bf16[-1] == "- |"
+  assert q[0] == "| q (te_nvfp4: xla (pallas quantizers))"
+  assert q[1:4] == ["440.0", f"{535.0 / 440.0:.3f}x", f"{1e15 / 440.0 / 1e9:,.0f}"]
+  assert q[4:10] == ["150.0", "290.0 (+155.0)", "25.0", "2.5", "110.0", "quantize_nvfp4_sr_narrow 12.5 |"]

@@ -60,6 +60,25 @@ def test_param_specs_and_block_checks():
     sharding.check_quantization_blocks(_cfg(), {"context": 4}, {"down": 16})
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_every_dense_partitions_its_kernel_as_the_parameter_is_sharded(fused):
+  """A Dense layer's kernel axes (how its quantized GEMM is partitioned) are its parameter's logical axes in
+  PARAM_AXES (how the parameter is sharded): one rule for both, or the GEMM would reshard its weight every step."""
+  from flax import nnx
+  from MaxText.model.decoder import Transformer
+  from MaxText.model.layers import Dense
+
+  cfg = _cfg(*(["fused_mlp=true"] if fused else []))
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  seen = 0
+  for path, module in nnx.iter_graph(model):
+    if isinstance(module, Dense):
+      name = "/".join(str(p) for p in path) + "/kernel"
+      assert module.kernel_axes == sharding.PARAM_AXES[name][1:], name  # [1:]: the stacked layers' axis
+      seen += 1
+  assert seen == 6 if fused else 7
+
+
 MESHES = {
   "data8": ["ici_data_parallelism=8", "ici_fsdp_parallelism=1"],
   "fsdp8": [],
@@ -153,3 +172,43 @@ def _run_meshes(tmp_path, runs):
     tolerance = 5e-3 if recipe != "bf16" else 2e-4
     assert losses[0] == pytest.approx(reference[0], rel=1e-5), label
     assert losses == pytest.approx(reference, rel=tolerance), label
+
+
+COLLECTIVES_SCRIPT = r"""
+import json, sys
+import jax
+from MaxText import config
+from MaxText.trainer import aot_step
+small, runs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+out = {}
+for label, keys in runs.items():
+  step = aot_step.compile_step(config.load("configs/llama3_tiny.yml", small + keys), jax.devices(), compile_only=False)
+  out[label] = step.summary()["collectives"]
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.heavy
+def test_te_nvfp4_step_moves_no_more_collective_data_than_bf16():
+  """The compiled steps on 8 CPU devices (collective data per device per step, loops by their trip counts): the
+  te_nvfp4 step's quantized GEMMs are partitioned like the bf16 ones (weights gathered as bf16 block-scaled values,
+  wgrads reduce-scattered), so it moves at most 1.2x bf16's data, on fsdp 8 and on fsdp 4 x tensor 2. Before they
+  were partitioned: 2.7x at fsdp 8 (the wgrad operands quantized over the global token axis)."""
+  meshes = {"fsdp8": [], "fsdp4_tensor2": ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"]}
+  runs = {f"{q or 'bf16'}/{m}": [f"quantization={q}", *keys] for m, keys in meshes.items() for q in ("", "te_nvfp4")}
+  small = ["dataset_type=synthetic", "per_device_batch_size=2"]
+  proc = subprocess.run(
+    [sys.executable, "-c", COLLECTIVES_SCRIPT, json.dumps(small), json.dumps(runs)],
+    cwd=REPO,
+    env=cpu_subprocess_env(8),
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.split("RESULT")[-1])
+  for mesh in meshes:
+    bf16, nvfp4 = out[f"bf16/{mesh}"], out[f"te_nvfp4/{mesh}"]
+    assert sum(bf16.values()) > 1e6, bf16  # the weights' gathers at least
+    assert sum(nvfp4.values()) <= 1.2 * sum(bf16.values()), (mesh, nvfp4, bf16)
+    assert nvfp4.get("reduce-scatter", 0) > 0, nvfp4  # the partitioned wgrads

@@ -54,8 +54,12 @@ class OperandBackend:
   def unavailable_reason(self, recipe: Recipe) -> typing.Optional[str]:
     raise NotImplementedError
 
-  def quantize(self, x, recipe: Recipe, role: str, key=None, *, kernels, transpose=False) -> QuantizedTensor:
-    """One operand, x or x.T, quantized as the GEMM reads it; `kernels` picks the quantizers' implementation."""
+  def quantize(
+    self, x, recipe: Recipe, role: str, key=None, *, kernels, transpose=False, amax_axes=(), draws=None
+  ) -> QuantizedTensor:
+    """One operand, x or x.T, quantized as the GEMM reads it; `kernels` picks the quantizers' implementation.
+    `amax_axes`, `draws`: x is one device's shard of the operand, inside a partitioned GEMM (partition.py): its
+    per-tensor amax is the largest over these mesh axes, `draws` its elements' stochastic-rounding draws."""
     raise NotImplementedError
 
   def gemm(self, a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe, out_dtype=F32):
@@ -100,8 +104,9 @@ def _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype, backend, kernels):
   return y_MxN, (x_res, w_res, key)
 
 
-def _bwd_in_compute_dtype(recipe, w_dtype, backend, residuals, dy_MxN):
-  """dgrad and wgrad of a backward_override: GEMMs on dy's dtype (the compute dtype), f32 accumulation."""
+def backward_in_compute_dtype(recipe, w_dtype, backend, residuals, dy_MxN):
+  """dgrad and wgrad of a backward_override: GEMMs on dy's dtype (the compute dtype), f32 accumulation. `residuals`:
+  (x [M, K] and w [K, N], or the forward's quantized x and w^T [N, K] for backward_override=dequantized, key)."""
   x_res, w_res, _ = residuals
   dtype = dy_MxN.dtype
   if recipe.backward_override == "dequantized":
@@ -120,7 +125,7 @@ def _bwd_in_compute_dtype(recipe, w_dtype, backend, residuals, dy_MxN):
 
 def _qmatmul_bwd(recipe, w_dtype, backend, kernels, residuals, dy_MxN):
   if not recipe.quantized_backward:
-    return _bwd_in_compute_dtype(recipe, w_dtype, backend, residuals, dy_MxN)
+    return backward_in_compute_dtype(recipe, w_dtype, backend, residuals, dy_MxN)
   x_res, w_res, key = residuals
   k_dgrad, k_wgrad = split_grad_keys(key)
   quantize = functools.partial(backend.quantize, recipe=recipe, kernels=kernels)

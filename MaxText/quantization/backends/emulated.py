@@ -43,26 +43,27 @@ def nvfp4_options(recipe: Recipe, role: str, key):
   )
 
 
-def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None, decode=None):
+def quantize_operand(x, recipe: Recipe, role: str, key=None, scale=None, decode=None, amax_axes=(), draws=None):
   """Quantize one GEMM operand [rows, contraction] as `recipe` prescribes for `role`.
 
   Returns a narrow QuantizedTensor (values in the format's own dtype), or x itself for BF16.
   `scale` is the per-tensor FP8 scale for delayed scaling (from the amax history), `decode` its inverse if known.
+  `amax_axes`, `draws`: x is a shard of the operand inside a partitioned GEMM (nvfp4.quantize says how).
   """
   fmt = recipe.format
   if fmt is Format.BF16:
     return x
   if fmt is Format.NVFP4:
-    return nvfp4.quantize(x, **nvfp4_options(recipe, role, key))
+    return nvfp4.quantize(x, **nvfp4_options(recipe, role, key), amax_axes=amax_axes, draws=draws)
   if fmt.per_tensor_fp8:
     grid = element_grid(recipe, role)
     if scale is None:
-      scale = fp8.per_tensor_scale(grids.abs_max(x.astype(jnp.float32)), grid)
+      scale = fp8.per_tensor_scale(grids.max_across(grids.abs_max(x.astype(jnp.float32)), amax_axes), grid)
     return fp8.quantize(x, grid, scale, decode)
   return mx.quantize(x, element_grid(recipe, role))
 
 
-def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, decode, transpose, interpret):
+def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, decode, transpose, interpret, amax_axes, draws):
   """quantize_for_gemm's Pallas path (same bits), or None where the kernels don't cover the operand."""
   # Imported here: Pallas takes ~0.7 s to import, and only the kernel path needs it.
   from MaxText.quantization.kernels import pallas_quantize  # pylint: disable=import-outside-toplevel
@@ -71,11 +72,13 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, decode, tra
   where = dict(transpose=transpose, interpret=interpret)
   if recipe.format is Format.NVFP4:
     options = nvfp4_options(recipe, role, key)
+    if draws is not None:  # a shard's draws in the whole operand: the kernels draw for the array they are given
+      return None
     if not pallas_quantize.nvfp4_supported(
       (rows, cols), tile=options["tile"], stochastic_rounding=options["stochastic_rounding"], key=key
     ):
       return None
-    values, amax = pallas_quantize.nvfp4_block_scaled(x, **options, **where)
+    values, amax = pallas_quantize.nvfp4_block_scaled(x, **options, **where, amax_axes=amax_axes)
     e4m3_max = jnp.float32(nvfp4.global_e4m3_max(options["four_over_six"]))
     return QuantizedTensor(values, None, amax, e4m3_max, tile=options["tile"])
   if x.size == 0:
@@ -83,7 +86,7 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, decode, tra
   grid = element_grid(recipe, role)
   if recipe.format.per_tensor_fp8:
     if scale is None:
-      scale = fp8.per_tensor_scale(pallas_quantize.amax(x, interpret=interpret), grid)
+      scale = fp8.per_tensor_scale(grids.max_across(pallas_quantize.amax(x, interpret=interpret), amax_axes), grid)
     decode = fp8.decode_scale(scale) if decode is None else decode
     return QuantizedTensor(pallas_quantize.fp8_per_tensor(x, grid, scale, **where), None, decode)
   if recipe.format.block_size == mx.BLOCK and cols % mx.BLOCK == 0:
@@ -91,24 +94,36 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, scale, decode, tra
   return None
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2), static_argnames=("kernels", "transpose"))
+@functools.partial(jax.jit, static_argnums=(1, 2), static_argnames=("kernels", "transpose", "amax_axes"))
 def quantize_for_gemm(
-  x, recipe: Recipe, role: str, key=None, scale=None, decode=None, *, kernels=Kernels.AUTO, transpose=False
+  x,
+  recipe: Recipe,
+  role: str,
+  key=None,
+  scale=None,
+  decode=None,
+  *,
+  kernels=Kernels.AUTO,
+  transpose=False,
+  amax_axes=(),
+  draws=None,
 ) -> QuantizedTensor:
   """`quantize_operand` of x (x.T if `transpose`), folded as the GEMM reads it (see the module doc). One call = one
   quantization. `kernels` (quantizer_impl.resolve): the Pallas kernels, which read x and write the transposed
   operand without materialising x.T, or the XLA path; both give the same bits. `scale` and `decode`: a given
-  per-tensor FP8 scale and its inverse (delayed scaling)."""
+  per-tensor FP8 scale and its inverse (delayed scaling). `amax_axes`, `draws`: x is a shard of the operand inside a
+  partitioned GEMM (nvfp4.quantize; `draws` are the operand's, transposed or not)."""
   impl = quantizer_impl.resolve(kernels) if recipe.quantized else Kernels.XLA
   if impl is not Kernels.XLA:
-    op = _quantize_with_kernels(x, recipe, role, key, scale, decode, transpose, interpret=impl is Kernels.INTERPRET)
+    interpret = impl is Kernels.INTERPRET
+    op = _quantize_with_kernels(x, recipe, role, key, scale, decode, transpose, interpret, amax_axes, draws)
     if op is not None:
       return op
   if transpose:
     x = x.T
   if recipe.format is Format.NVFP4:  # straight to bf16, never through the 4-bit dtype
-    return nvfp4.quantize_block_scaled(x, **nvfp4_options(recipe, role, key))
-  q = quantize_operand(x, recipe, role, key, scale, decode)
+    return nvfp4.quantize_block_scaled(x, **nvfp4_options(recipe, role, key), amax_axes=amax_axes, draws=draws)
+  q = quantize_operand(x, recipe, role, key, scale, decode, amax_axes=amax_axes)
   if not isinstance(q, QuantizedTensor):
     return QuantizedTensor(q.astype(jnp.bfloat16), None, jnp.float32(1))
   if q.scales is None:
@@ -160,8 +175,10 @@ class EmulatedBackend(OperandBackend):
   def unavailable_reason(self, recipe: Recipe):
     return None
 
-  def quantize(self, x, recipe: Recipe, role: str, key=None, *, kernels, transpose=False):
-    return quantize_for_gemm(x, recipe, role, key, kernels=kernels, transpose=transpose)
+  def quantize(self, x, recipe: Recipe, role: str, key=None, *, kernels, transpose=False, amax_axes=(), draws=None):
+    return quantize_for_gemm(
+      x, recipe, role, key, kernels=kernels, transpose=transpose, amax_axes=tuple(amax_axes), draws=draws
+    )
 
   def gemm(self, a, b_t, recipe: Recipe, out_dtype=jnp.float32):
     del out_dtype  # f32, the caller rounds it (the tensor core's single rounding of acc * scales)

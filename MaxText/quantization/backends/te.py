@@ -205,14 +205,55 @@ def _grad_in_dtype_bwd(dtype, _, dw):
 _grad_in_dtype.defvjp(_grad_in_dtype_fwd, _grad_in_dtype_bwd)
 
 
+class _MeshResource:
+  """Which mesh axis plays which of Transformer Engine's parts (its MeshResource), for the TE GEMMs under a mesh.
+
+  TE's partitioning rules read its global MeshResource when a GEMM is traced and again when the program is
+  compiled (custom_partitioning's callbacks), so it must stay set from the first TE GEMM to the end of the run:
+  `mesh_resource` says the names (the trainer: around its mesh), the first TE GEMM inside sets TE's global (TE is
+  imported only by a GEMM that runs on it), and leaving `mesh_resource` restores it."""
+
+  def __init__(self):
+    self.names = []  # the innermost mesh_resource's names last
+    self.guards = []  # (names, TE's entered global_shard_guard) per mesh_resource
+
+  def apply(self):
+    """Inside a mesh_resource, sets TE's global MeshResource to its names (once per mesh_resource)."""
+    if not self.names or (self.guards and self.guards[-1][0] is self.names[-1]):
+      return
+    sharding = importlib.import_module("transformer_engine.jax.sharding")
+    guard = sharding.global_shard_guard(sharding.MeshResource(**self.names[-1]))
+    guard.__enter__()  # pylint: disable=unnecessary-dunder-call  (left when the mesh_resource is)
+    self.guards.append((self.names[-1], guard))
+
+
+_MESH_RESOURCE = _MeshResource()
+
+
+@contextlib.contextmanager
+def mesh_resource(*, data=None, fsdp=None, tensor=None, context=None):
+  """Inside: TE GEMMs are partitioned by TE's own rules with these mesh axes as its data-parallel, FSDP, tensor- and
+  context-parallel resources (upstream MaxText's transformer_engine_context). Nothing is imported here."""
+  names = dict(dp_resource=data, fsdp_resource=fsdp, tp_resource=tensor, cp_resource=context)
+  _MESH_RESOURCE.names.append(names)
+  try:
+    yield
+  finally:
+    _MESH_RESOURCE.names.pop()
+    if _MESH_RESOURCE.guards and _MESH_RESOURCE.guards[-1][0] is names:
+      _MESH_RESOURCE.guards.pop()[1].__exit__(None, None, None)
+
+
 def qmatmul(x, w, recipe: Recipe, *, key, checkpoint_name=None):
-  """x [M, K] . w [K, N] through TE's dense, as TE's DenseGeneral calls it (no bias); `checkpoint_name` names the
-  quantized operands kept for the backward (a remat policy can save them). dw comes back in w's dtype."""
+  """x [..., K] . w [K, *out] through TE's dense, as TE's DenseGeneral calls it (no bias), -> [..., *out];
+  `checkpoint_name` names the quantized operands kept for the backward (a remat policy can save them). dw comes back
+  in w's dtype. Under a mesh, TE partitions it (`mesh_resource`)."""
   te_dense = importlib.import_module("transformer_engine.jax.dense")
+  _MESH_RESOURCE.apply()
   return te_dense.dense(
     x,
     _grad_in_dtype(w, jnp.dtype(w.dtype)),
-    contracting_dims=((1,), (0,)),
+    contracting_dims=((x.ndim - 1,), (0,)),
     quantizer_set=quantizer_set(recipe, key, checkpoint_name),
   )
 

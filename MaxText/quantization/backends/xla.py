@@ -54,20 +54,21 @@ def native(recipe: Recipe):
   return unavailable_reason(recipe) is None and sm is not None and sm >= NATIVE_MIN_SM
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def quantize_for_gemm(x, recipe: Recipe, role: str, key=None) -> QuantizedTensor:
+@functools.partial(jax.jit, static_argnums=(1, 2), static_argnames=("amax_axes",))
+def quantize_for_gemm(x, recipe: Recipe, role: str, key=None, amax_axes=(), draws=None) -> QuantizedTensor:
   """Our quantization of one operand [rows, contraction], narrow: NVFP4 (E2M1, E4M3 per 16, amax) or MX (E4M3 /
-  E2M1, E8M0 per 32: the power of two itself, exact in float8_e8m0fnu)."""
+  E2M1, E8M0 per 32: the power of two itself, exact in float8_e8m0fnu). `amax_axes`, `draws`: x is a shard of the
+  operand inside a partitioned GEMM (nvfp4.quantize)."""
   if recipe.format is Format.NVFP4:
-    return nvfp4.quantize(x, **emulated.nvfp4_options(recipe, role, key))
+    return nvfp4.quantize(x, **emulated.nvfp4_options(recipe, role, key), amax_axes=amax_axes, draws=draws)
   q = mx.quantize(x, emulated.element_grid(recipe, role))
   return QuantizedTensor(q.values, q.scales.astype(jnp.float8_e8m0fnu), q.global_scale, tile=q.tile)
 
 
-def _quantize_with_kernels(x, recipe: Recipe, role: str, key, transpose, interpret):
+def _quantize_with_kernels(x, recipe: Recipe, role: str, key, transpose, interpret, amax_axes, draws):
   """An NVFP4 operand from the Pallas kernels, narrow (same bits as quantize_for_gemm), or None where they don't cover
-  it (MX, SR on an odd row count or another PRNG: the XLA path then)."""
-  if recipe.format is not Format.NVFP4:
+  it (MX, SR on an odd row count or another PRNG, a shard's draws in the whole operand: the XLA path then)."""
+  if recipe.format is not Format.NVFP4 or draws is not None:  # the kernels draw for the array they are given
     return None
   # Imported here: Pallas takes ~0.7 s to import, and only the kernel path needs it.
   from MaxText.quantization.kernels import pallas_quantize  # pylint: disable=import-outside-toplevel
@@ -79,23 +80,30 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, transpose, interpr
   ):
     return None
   # The plain amax (no RHT) as XLA's reduction, which XLA fuses into the kernel that produces x (the SwiGLU, the
-  # RMSNorm, the cast of a weight): no pass of its own over x. The same number as the amax pass (grids.abs_max).
+  # RMSNorm, the cast of a weight): no pass of its own over x. The same number as the amax pass (grids.abs_max); a
+  # shard's (partition.py) is then the largest over `amax_axes`, in nvfp4_narrow, as the pass's would be.
   amax = None if options["rht"] else grids.abs_max(x.astype(jnp.float32))
-  values, scales, amax = pallas_quantize.nvfp4_narrow(x, **options, transpose=transpose, interpret=interpret, amax=amax)
+  values, scales, amax = pallas_quantize.nvfp4_narrow(
+    x, **options, transpose=transpose, interpret=interpret, amax=amax, amax_axes=amax_axes
+  )
   e4m3_max = jnp.float32(nvfp4.global_e4m3_max(options["four_over_six"]))
   return QuantizedTensor(values, scales, amax, e4m3_max, tile=options["tile"])
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2), static_argnames=("kernels", "transpose"))
-def quantize_operand(x, recipe: Recipe, role: str, key=None, *, kernels=Kernels.AUTO, transpose=False):
+@functools.partial(jax.jit, static_argnums=(1, 2), static_argnames=("kernels", "transpose", "amax_axes"))
+def quantize_operand(
+  x, recipe: Recipe, role: str, key=None, *, kernels=Kernels.AUTO, transpose=False, amax_axes=(), draws=None
+):
   """quantize_for_gemm of x (x.T if `transpose`), by the Pallas kernels where `kernels` resolves to them and they
-  cover the operand (reading x as it is stored), else by the XLA path."""
+  cover the operand (reading x as it is stored), else by the XLA path. `amax_axes`, `draws`: x is a shard of the
+  operand inside a partitioned GEMM (nvfp4.quantize; `draws` are the operand's, transposed or not)."""
   impl = quantizer_impl.resolve(kernels)
   if impl is not Kernels.XLA:
-    op = _quantize_with_kernels(x, recipe, role, key, transpose, interpret=impl is Kernels.INTERPRET)
+    interpret = impl is Kernels.INTERPRET
+    op = _quantize_with_kernels(x, recipe, role, key, transpose, interpret, amax_axes, draws)
     if op is not None:
       return op
-  return quantize_for_gemm(x.T if transpose else x, recipe, role, key)
+  return quantize_for_gemm(x.T if transpose else x, recipe, role, key, amax_axes=amax_axes, draws=draws)
 
 
 def gemm(a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe, out_dtype=jnp.float32):
@@ -118,8 +126,10 @@ class XlaBackend(OperandBackend):
   def unavailable_reason(self, recipe: Recipe):
     return unavailable_reason(recipe)
 
-  def quantize(self, x, recipe: Recipe, role: str, key=None, *, kernels, transpose=False):
-    return quantize_operand(x, recipe, role, key, kernels=kernels, transpose=transpose)
+  def quantize(self, x, recipe: Recipe, role: str, key=None, *, kernels, transpose=False, amax_axes=(), draws=None):
+    return quantize_operand(
+      x, recipe, role, key, kernels=kernels, transpose=transpose, amax_axes=tuple(amax_axes), draws=draws
+    )
 
   def gemm(self, a, b_t, recipe: Recipe, out_dtype=jnp.float32):
     return gemm(a, b_t, recipe, out_dtype)

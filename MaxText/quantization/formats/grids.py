@@ -119,6 +119,14 @@ def abs_max(x, axis=None, keepdims=False):
   return f32_from_bits(jnp.max(f32_bits(x) & _ABS_MASK, axis=axis, keepdims=keepdims))
 
 
+def max_across(amax, axis_names):
+  """The largest of an amax (f32 >= 0, or NaN) over the mesh axes `axis_names`, inside a shard_map: one scalar
+  all-reduce, of the bits, so a NaN on any shard wins as in abs_max. Without axes, amax itself."""
+  if not axis_names:
+    return amax
+  return f32_from_bits(jax.lax.pmax(f32_bits(amax), tuple(axis_names)))
+
+
 _HALVES = np.uint32([0xFFFF0000, 0x0000FFFF])
 
 

@@ -58,13 +58,17 @@ def hadamard16(x):
   *lead, n = x.shape
   if n % BLOCK:
     raise ValueError(f"hadamard16: last axis of shape {tuple(x.shape)} must be a multiple of {BLOCK}")
-  signed = grids.round_to_bf16(x).astype(jnp.float32).reshape(-1, BLOCK) * jnp.asarray(RHT_SIGNS)
-  h = signed.reshape(-1, 2, 2, 2, 2)  # H16 = H2 (x) H2 (x) H2 (x) H2 (Sylvester order)
-  for axis in range(1, 5):
+  # Blocks as [..., n/16, 16], never flattened across the leading axes: a sharded leading axis (the tokens of a
+  # wgrad operand) stays sharded through the butterfly.
+  blocks = (*lead, n // BLOCK)
+  signed = grids.round_to_bf16(x).astype(jnp.float32).reshape(*blocks, BLOCK) * jnp.asarray(RHT_SIGNS)
+  h = signed.reshape(*blocks, 2, 2, 2, 2)  # H16 = H2 (x) H2 (x) H2 (x) H2 (Sylvester order)
+  rank = len(blocks) + 4
+  for axis in range(len(blocks), rank):
     # [a + b, a - b] along `axis` as a + b * [1, -1] (exact: a - b == a + (-b) in IEEE), broadcast
     # rather than stacked: XLA:CPU doesn't vectorize a concatenate
     a, b = (jax.lax.slice_in_dim(h, i, i + 1, axis=axis) for i in (0, 1))
-    h = a + b * np.array([1.0, -1.0], np.float32).reshape([2 if d == axis else 1 for d in range(5)])
+    h = a + b * np.array([1.0, -1.0], np.float32).reshape([2 if d == axis else 1 for d in range(rank)])
   return grids.round_to_bf16(h.reshape(*lead, n) * 0.25)
 
 
@@ -97,7 +101,16 @@ def _block_amax(x_f32, tile):
 
 
 def quantize(
-  x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, four_over_six=None, global_amax=None
+  x,
+  *,
+  tile=(1, 16),
+  rht=False,
+  stochastic_rounding=False,
+  key=None,
+  four_over_six=None,
+  global_amax=None,
+  amax_axes=(),
+  draws=None,
 ) -> QuantizedTensor:
   """Quantize a 2-D x [M, N] to NVFP4 with blocks along the last axis (16x16 tiles if tile=(16, 16)).
 
@@ -106,6 +119,9 @@ def quantize(
   global_amax: the amax the global scale is computed from, instead of x's own: a scale shared with other tensors
   (gate and up exported for one fused GEMM quantize as their concatenation would). At least x's amax, else
   elements saturate.
+  amax_axes, draws: a shard of a larger operand, inside a partitioned GEMM (quantization/partition.py): the amax is
+  the largest over these mesh axes (one scalar all-reduce), and `draws` are the stochastic-rounding draws of the
+  shard's elements in the whole operand (uint16, x's shape), so the shard quantizes to the whole operand's bits.
   """
   return _quantize_jit(
     x,
@@ -116,17 +132,19 @@ def quantize(
     four_over_six=four_over_six,
     out="nvfp4",
     global_amax=global_amax,
+    amax_axes=tuple(amax_axes),
+    draws=draws,
   )
 
 
 def quantize_block_scaled(
-  x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, four_over_six=None
+  x, *, tile=(1, 16), rht=False, stochastic_rounding=False, key=None, four_over_six=None, amax_axes=(), draws=None
 ) -> QuantizedTensor:
   """`quantize` with the block scales folded in: values * block decode scale [M, N] in bf16 (no `scales`), what the
   emulated GEMM reads, never through the narrow dtypes.
 
   Exact in bf16: an E2M1 value (2 significant bits) times an E4M3 scale (4 bits) has at most 6
-  significant bits and lies in [2**-10, 2688], inside bf16's 8 bits and normal range.
+  significant bits and lies in [2**-10, 2688], inside bf16's 8 bits and normal range. amax_axes, draws: as `quantize`.
   """
   values, amax = _quantize_jit(
     x,
@@ -136,6 +154,8 @@ def quantize_block_scaled(
     key=key,
     four_over_six=four_over_six,
     out="block_scaled",
+    amax_axes=tuple(amax_axes),
+    draws=draws,
   )
   return QuantizedTensor(values, None, amax, jnp.float32(global_e4m3_max(four_over_six)), tuple(tile))
 
@@ -186,8 +206,10 @@ def _four_over_six(x_MxBx16, block_amax, amax, s_enc, s_dec, u_MxBx16, tile, mod
   return _round_blocks(x_MxBx16, encode, u_MxBx16), decode
 
 
-@functools.partial(jax.jit, static_argnames=("tile", "rht", "stochastic_rounding", "four_over_six", "out"))
-def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, four_over_six, out, global_amax=None):
+@functools.partial(jax.jit, static_argnames=("tile", "rht", "stochastic_rounding", "four_over_six", "out", "amax_axes"))
+def _quantize_jit(
+  x, *, tile, rht, stochastic_rounding, key, four_over_six, out, global_amax=None, amax_axes=(), draws=None
+):
   """E2M1 values [M, N] and E4M3 block decode scales [M, ceil(N/16)] (f32), returned per `out`."""
   _check_arguments(x, tile, stochastic_rounding, key, four_over_six)
   if rht:
@@ -196,7 +218,7 @@ def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, four_over_six, out,
     x = jax.lax.optimization_barrier(hadamard16(x))
   m, n = x.shape
   x_f32 = x.astype(jnp.float32)
-  amax = grids.abs_max(x_f32) if x.size else jnp.float32(0)
+  amax = grids.max_across(grids.abs_max(x_f32) if x.size else jnp.float32(0), amax_axes)
   if global_amax is not None:
     amax = jnp.asarray(global_amax, jnp.float32)
   e4m3_max = global_e4m3_max(four_over_six)
@@ -211,7 +233,7 @@ def _quantize_jit(x, *, tile, rht, stochastic_rounding, key, four_over_six, out,
   u_blocks = None
   if stochastic_rounding:  # drawn for [M, N] as before; the padding (zeros) never rounds up
     # 16-bit draws, not the f32 uniforms: the 4/6 error pass and the quantize pass both read them (half the bytes)
-    u = grids.draws16(key, (m, n))
+    u = grids.draws16(key, (m, n)) if draws is None else draws
     u_blocks = jnp.pad(u, ((0, rows - m), (0, padded.shape[1] - n))).reshape(rows, -1, BLOCK)
   if four_over_six:
     values, decode = _four_over_six(x_blocks, block_amax, amax, s_enc, s_dec, u_blocks, tile, four_over_six)

@@ -205,11 +205,15 @@ def nvfp4_block_scaled(
   four_over_six=None,
   transpose=False,
   interpret=False,
+  amax_axes=(),
 ):
   """nvfp4.quantize_block_scaled(x.T if transpose else x, ...): (bf16 values * block scales [R, C], amax).
-  For operands nvfp4_supported covers; four_over_six: None, "mse" or "mae" (Four Over Six in the same kernel)."""
+  For operands nvfp4_supported covers; four_over_six: None, "mse" or "mae" (Four Over Six in the same kernel).
+  `amax_axes`: x is a shard of the operand (inside a partitioned GEMM): the amax is the largest over these mesh axes."""
   options = dict(tile=tile, rht=rht, stochastic_rounding=stochastic_rounding, key=key, four_over_six=four_over_six)
-  call, layout, rows, cols, amax = _nvfp4_call(x, _nvfp4_kernel, transpose, interpret, "", **options)
+  call, layout, rows, cols, amax = _nvfp4_call(
+    x, _nvfp4_kernel, transpose, interpret, "", amax_axes=amax_axes, **options
+  )
   out = call([layout.out_shape(jnp.bfloat16)], [layout.out_spec()])[0]
   return _finish(out, layout, rows, cols), amax
 
@@ -225,14 +229,17 @@ def nvfp4_narrow(
   transpose=False,
   interpret=False,
   amax=None,
+  amax_axes=(),
 ):
   """nvfp4.quantize(x.T if transpose else x, ...) as the block-scaled GEMM reads it: (E2M1 values [R, C] in
   float4_e2m1fn, E4M3 block scales [R, ceil(C/16)] in float8_e4m3fn, amax); the same bits as the XLA path, written
-  once (half a byte and a sixteenth of a byte per element) by one kernel after the amax pass. `amax`: max |operand|
-  (of its RHT if rht) computed by the caller, exactly grids.abs_max's, instead of the amax pass."""
+  once (half a byte and a sixteenth of a byte per element) by one kernel after the amax pass. `amax`: max |x| (of its
+  RHT if rht) computed by the caller, exactly grids.abs_max's, instead of the amax pass. `amax_axes`: x is a shard of
+  the operand (inside a partitioned GEMM): the amax, the pass's or the caller's (x's own), is the largest over these
+  mesh axes."""
   options = dict(tile=tile, rht=rht, stochastic_rounding=stochastic_rounding, key=key, four_over_six=four_over_six)
   call, layout, rows, cols, amax = _nvfp4_call(
-    x, _nvfp4_narrow_kernel, transpose, interpret, "_narrow", amax=amax, **options
+    x, _nvfp4_narrow_kernel, transpose, interpret, "_narrow", amax=amax, amax_axes=amax_axes, **options
   )
   blocks = layout.cols // NVFP4_BLOCK
   half, block_half = layout.cols // 2, layout.block_cols // 2
@@ -245,10 +252,24 @@ def nvfp4_narrow(
 
 
 def _nvfp4_call(
-  x, kernel, transpose, interpret, suffix, *, tile, rht, stochastic_rounding, key, four_over_six, amax=None
+  x,
+  kernel,
+  transpose,
+  interpret,
+  suffix,
+  *,
+  tile,
+  rht,
+  stochastic_rounding,
+  key,
+  four_over_six,
+  amax=None,
+  amax_axes=(),
 ):
   """(call(out_shapes, out_specs) -> outputs, layout, operand rows, operand cols, amax) of an NVFP4 quantize pass: the
-  checks, the padding and the amax pass (unless `amax` is given) done; the kernel's scalars and x bound."""
+  checks, the padding and the amax pass (unless `amax`, x's own, is given) done, the amax the largest over the mesh
+  axes `amax_axes` (x a shard, in a partitioned GEMM: the whole operand's per-tensor scale); the kernel's scalars and
+  x bound."""
   rows, cols = x.shape[::-1] if transpose else x.shape
   if not nvfp4_supported((rows, cols), tile=tile, stochastic_rounding=stochastic_rounding, key=key):
     raise ValueError(
@@ -261,6 +282,7 @@ def _nvfp4_call(
   padded = pallas_layout.pad_operand(x, transpose=transpose, row_multiple=tile_rows, col_multiple=NVFP4_BLOCK)
   if amax is None:
     amax = amax_padded(padded, transpose=transpose, rht=rht, interpret=interpret)
+  amax = grids.max_across(amax, amax_axes)  # after the shard's own amax: the caller's as well as the pass's
   s_enc = nvfp4.global_encode_scale(amax, nvfp4.global_e4m3_max(four_over_six))
   scalars = [jnp.stack([s_enc, grids.div_rn(1.0, s_enc), amax])]
   if stochastic_rounding:
