@@ -5,6 +5,7 @@ llama3_tiny unrolled (each layer its own ops), llama3_8b as configured (scanned 
 abstract inputs (lowering only)."""
 
 import collections
+import math
 import re
 
 import pytest
@@ -70,14 +71,16 @@ def _where(call):
 
 
 def _role(call, cfg, gemm):
-  """fprop / dgrad / wgrad from the GEMM's output shape ([M, N], [M, K], [K, N]); fprop_recomputed under remat."""
+  """fprop / dgrad / wgrad from the GEMM's output shape ([M, N], [M, K], [K, N], M the tokens' axes flattened);
+  fprop_recomputed under remat."""
   m = int(cfg.per_device_batch_size) * cfg.max_target_length // cfg.gradient_accumulation_steps
   d, f = cfg.base_emb_dim, cfg.base_mlp_dim
   k, n = (f, d) if gemm == "down" else (d, f)
   shapes = {(m, n): "fprop", (m, k): "dgrad", (k, n): "wgrad"}
   assert len(shapes) == 3, "ambiguous GEMM shapes: pick sizes with M, K, N distinct"
-  rows, cols = map(int, re.match(r"tensor<(\d+)x(\d+)x", call.result_types[0]).groups())
-  role = shapes[(rows, cols)]
+  # [*tokens, columns]: TE's dense keeps x's leading (batch, sequence) axes, as it does under a mesh
+  *lead, cols = map(int, re.match(r"tensor<((?:\d+x)+)", call.result_types[0]).group(1).rstrip("x").split("x"))
+  role = shapes[(math.prod(lead), cols)]
   return f"{role}_recomputed" if "rematted_computation" in call.scope else role
 
 
