@@ -176,6 +176,66 @@ def fit(k8, m8, k1, m1, gpu):
   )
 
 
+QUANTIZE_ELEMENTS = 8192 * 16384  # the quantize part's operand ([8192, 16384])
+# Each measured Pallas quantizer ([pallas] rows of quantize_quantize.json): (its amax kernel or None, its quantize
+# kernel, bytes per element of its input). Kernel names as pallas_quantize.py gives them.
+QUANTIZER_KERNELS = {
+  "nvfp4 1x16 (x)": ("quantize_amax", "quantize_nvfp4", 2),
+  "nvfp4 1x16 SR (dy)": ("quantize_amax", "quantize_nvfp4_sr", 2),
+  "nvfp4 16x16 (w, f32)": ("quantize_amax", "quantize_nvfp4_16x16", 4),
+  "nvfp4 RHT (x_t)": ("quantize_amax_rht", "quantize_nvfp4_rht", 2),
+  "nvfp4 RHT+SR (dy_t)": ("quantize_amax_rht", "quantize_nvfp4_rht_sr", 2),
+  "fp8 current (x)": ("quantize_amax", "quantize_fp8_e4m3", 2),
+  "mxfp8 (x)": (None, "quantize_mx_e4m3", 2),
+  "mxfp4 (x)": (None, "quantize_mx_e2m1", 2),
+}
+FOUR_OVER_SIX = " + 4/6"  # quantize_bench's rows with Four Over Six (mse) on every operand
+SAME_WORK = {  # kernels the bench didn't time, costed as the one that does the same work
+  "quantize_fp8_e5m2": "quantize_fp8_e4m3",
+  **{
+    f"{name}_4over6_mae": f"{name}_4over6_mse"
+    for name in (
+      "quantize_nvfp4",
+      "quantize_nvfp4_sr",
+      "quantize_nvfp4_16x16",
+      "quantize_nvfp4_rht",
+      "quantize_nvfp4_rht_sr",
+    )
+  },
+}
+
+
+def fit_quantizers(times_ms, gpu, calibration):
+  """{kernel: ns per element} from the H100's per-quantizer times ({bench row: ms}). A quantizer is an amax kernel
+  (max |x|: memory-bound, its bytes' time) then its quantize kernel, whose time is the rest; the RHT's butterfly,
+  which both kernels of an RHT quantizer run, costs each half of what the RHT quantizer takes beyond the plain one
+  (the only split the totals allow). The 4/6 rows' kernels follow the same way."""
+  bandwidth = gpu.memory_bandwidth * calibration.memory
+
+  def amax_ms(name, in_bytes):
+    return QUANTIZE_ELEMENTS * in_bytes / bandwidth * 1e3 if name else 0.0
+
+  butterfly_ms = (times_ms["nvfp4 RHT (x_t)"] - times_ms["nvfp4 1x16 (x)"]) / 2
+  kernel_ms = {"quantize_amax_rht": amax_ms("quantize_amax", 2) + butterfly_ms}
+  for row, (amax, quantize, in_bytes) in QUANTIZER_KERNELS.items():
+    before = kernel_ms.get(amax, amax_ms(amax, in_bytes))
+    kernel_ms[quantize] = times_ms[row] - before
+    if row + FOUR_OVER_SIX in times_ms:
+      kernel_ms[quantize + "_4over6_mse"] = times_ms[row + FOUR_OVER_SIX] - before
+  for name, same in SAME_WORK.items():
+    kernel_ms[name] = kernel_ms[same]
+  return {name: round(ms * 1e6 / QUANTIZE_ELEMENTS, 8) for name, ms in sorted(kernel_ms.items())}
+
+
+def measured_quantizer_ms():
+  """{bench row: ms} of the Pallas quantizers the H100 timed (quantize part)."""
+  suffix = " [pallas]"
+  metrics = _read("quantize_quantize.json")["metrics"]
+  return {
+    m["subject"][: -len(suffix)]: m["value"] for m in metrics if m["name"] == "time" and m["subject"].endswith(suffix)
+  }
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
   parser.add_argument("--json", help="write the rows and the fit here")

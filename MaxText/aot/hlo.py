@@ -331,6 +331,13 @@ class Kernel:
   dtypes: tuple = ()  # a GEMM's operand element types
   collective: typing.Optional[dict] = None  # data bytes, group size, domains crossed
   scores: float = 0.0  # attention: scores (Q-K pairs) per run, times passes over them (forward 1, backward 2)
+  elements: float = 0.0  # a Pallas kernel: elements of its largest operand (the tensor a quantizer reads)
+
+  @property
+  def pallas_name(self):
+    """A Pallas kernel's name (pallas_call's `name`, e.g. quantize_nvfp4_rht_sr) from its op path, else ''."""
+    match = re.search(r"([\w.-]+)/pallas_call", self.scope) if self.kind == "pallas" else None
+    return match.group(1) if match else ""
 
 
 def _dot_flops(result, lhs, lhs_contracting):
@@ -704,6 +711,8 @@ def kernels(module, num_devices=1, devices_per_domain=None) -> list:
       kernel = Kernel(instr.name, instr.opcode, instr.target, category, kind, times, flops, 0.0, instr.op_name, dtypes)
       if category == "attention":
         kernel.scores = attention_work(module, instr)[1]
+      if kind == "pallas":
+        kernel.elements = max((a.elements for arrays in module.operand_arrays(instr) for a in arrays), default=0)
       if category == "collective":
         kernel.collective = collective_info(module, instr, num_devices, devices_per_domain)
         kernel.bytes = kernel.collective["wire_bytes"]

@@ -121,6 +121,13 @@ SCHEMA = {
     "(jax.nn.scaled_matmul on our NVFP4 operands, NVIDIA GPUs); emulate (pure JAX)",
     ("auto", "te", "xla", "emulate"),
   ),
+  "attention_quantization_backend": Key(
+    str,
+    "",
+    "quantization_backend of the attention projections ('' = quantization_backend), e.g. xla NVFP4 MLP GEMMs "
+    "beside Transformer Engine FP8 attention projections (auto)",
+    ("", "auto", "te", "xla", "emulate"),
+  ),
   "quantization_kernels": Key(
     str,
     "auto",

@@ -237,8 +237,10 @@ def _forward_local(static: _Static, x_l, w_l, key):
   gather_out = tuple(_minor_suffix(y, w, "y's output") for y, w in zip(axes.y_out, axes.w_out))
   gather_k = _minor_suffix(axes.x_k, axes.w_k, "x's contraction")
   w_full = _gather_operand(w_op, gather_out, out_w, gather_k, mesh)
-  y_MxN = backend.gemm(x_op, w_full, recipe)
-  if axes.x_k and _sizes(mesh, axes.x_k) > 1:
+  split_k = bool(axes.x_k) and _sizes(mesh, axes.x_k) > 1
+  # Emitted in the compute dtype where nothing sums it first (the xla backend's dot writes bf16, as on one device).
+  y_MxN = backend.gemm(x_op, w_full, recipe, jnp.float32 if split_k else x_l.dtype)
+  if split_k:
     y_MxN = jax.lax.psum(y_MxN, axes.x_k)  # a row GEMM's partial sums (f32, as the BF16 step reduces them)
   y = y_MxN.astype(x_l.dtype).reshape(*rows_l, *out_y)
   # Kept for the backward: the gathered weight (its dgrad operand where the transpose has the same numbers, as the
@@ -304,14 +306,14 @@ def _backward_local(static: _Static, x_l, w_l, key, kept, dy_l):
       w_t_full = w_t_kept
     else:
       w_t_full = _gather_t(_quantize(static, w_KxN, "w_t", "w"), gather_k, gather_out, out_w, mesh)  # [K, N]
-    dx = backend.gemm(dy_op, w_t_full, recipe).astype(dtype)
+    dx = backend.gemm(dy_op, w_t_full, recipe, dtype).astype(dtype)
     x_t_op = x_t_kept if x_t_kept is not None else _quantize(static, x_MxK, "x_t", "x", transpose=True)
     if recipe.shares_transpose("dy"):
       dy_t_op = dy_op.T
     else:
       dy_t_dims = (dy_dims[1], dy_dims[0])
       dy_t_op = _quantize(static, dy_MxN, "dy_t", "dy", key=k_wgrad, transpose=True, draw_dims=dy_t_dims)
-    dw = backend.gemm(x_t_op, dy_t_op, recipe).astype(dtype)  # rounded like TE's GEMM output (and BF16's)
+    dw = backend.gemm(x_t_op, dy_t_op, recipe, dtype).astype(dtype)  # rounded like TE's GEMM output (and BF16's)
   if any(_sizes(mesh, a) > 1 for a in axes.y_out):
     dx = jax.lax.psum(dx, tuple(a for ax in axes.y_out for a in ax))  # a column GEMM's dgrad partial sums
   dw = _scatter_to_kernel(dw, static, x_MxK.shape[1], out_y)

@@ -117,7 +117,7 @@ def _backends_used(plan, partitioned):
         continue
       backend = backends.resolve(prec.recipe, prec.backend)
       text = backend.name
-      if backend is backends.EMULATED:  # a stateless recipe's GEMMs are partitioned: each device quantizes its shard
+      if backend in (backends.EMULATED, backends.XLA):  # a stateless recipe's GEMMs are partitioned: per shard
         per_shard = partitioned and not prec.recipe.stateful
         kernels = partition.per_shard_kernels(prec.kernels) if per_shard else prec.kernels
         text += f" ({backend.quantizers(kernels, prec.recipe)} quantizers)"

@@ -76,3 +76,48 @@ def test_the_default_calibration_says_where_it_comes_from():
   for field in ("gemm", "memory", "attention"):
     assert 0.3 < getattr(cal, field) <= 1.0, field  # shares of a peak
   assert dataclasses.replace(cal, gemm=1.0).gemm == 1.0
+
+
+def _pallas(name, elements, nbytes, count=1):
+  scope = f"jit(step_fn)/while/body/mlpwo/jit(quantize_operand)/{name}/pallas_call"
+  return hlo.Kernel("k", "custom-call", "", "elementwise", "pallas", count, 0.0, nbytes, scope, elements=elements)
+
+
+def test_a_pallas_quantizer_costs_its_calibrated_work_or_its_bytes_whichever_is_slower():
+  cal = dataclasses.replace(CAL, quantizer_ns_per_element={"quantize_nvfp4_sr": 0.004})
+  n = 8192 * 16384
+  busy = _pallas("quantize_nvfp4_sr", n, 4.0 * n)
+  compute = n * 0.004e-9
+  assert roofline.kernel_seconds(busy, H100, cal) == pytest.approx(compute)
+  # The narrow twin does the same arithmetic; another GPU scales it by SMs x clock, not by its bandwidth.
+  assert roofline.kernel_seconds(_pallas("quantize_nvfp4_sr_narrow", n, 2.6 * n), H100, cal) == pytest.approx(compute)
+  scale = (132 * 1.98) / (B200.core_count * B200.clock_ghz)
+  assert roofline.kernel_seconds(busy, B200, cal) == pytest.approx(compute * scale)
+  # Bytes win where they take longer; a kernel without a calibrated cost (the plain amax) is its bytes.
+  heavy = _pallas("quantize_nvfp4_sr", n, 1e3 * n)
+  assert roofline.kernel_seconds(heavy, H100, cal) == pytest.approx(1e3 * n / (H100.memory_bandwidth * 0.8))
+  amax = _pallas("quantize_amax", n, 2.0 * n)
+  assert roofline.kernel_seconds(amax, H100, cal) == pytest.approx(2.0 * n / (H100.memory_bandwidth * 0.8))
+
+
+def test_the_pallas_kernel_name_comes_from_its_op_path():
+  assert _pallas("quantize_nvfp4_rht_sr_narrow", 1, 1).pallas_name == "quantize_nvfp4_rht_sr_narrow"
+  assert _kernel("elementwise", "fusion", scope="a/quantize_x/pallas_call").pallas_name == ""
+
+
+def test_the_default_quantizer_costs_are_the_fit_of_the_h100_quantizer_times():
+  """roofline.DEFAULT's per-kernel costs are what roofline_calibration fits from the committed H100 JSON: amax
+  memory-bound, each quantize kernel the rest of its quantizer's time, the RHT's extra split between its two kernels."""
+  from benchmarks import roofline_calibration as rc  # pylint: disable=import-outside-toplevel
+
+  times = rc.measured_quantizer_ms()
+  fitted = rc.fit_quantizers(times, H100, roofline.DEFAULT)
+  assert fitted == roofline.DEFAULT.quantizer_ns_per_element
+  n = rc.QUANTIZE_ELEMENTS
+  amax_ms = 2.0 * n / (H100.memory_bandwidth * roofline.DEFAULT.memory) * 1e3
+  assert fitted["quantize_nvfp4"] * n / 1e6 == pytest.approx(times["nvfp4 1x16 (x)"] - amax_ms, abs=1e-6)
+  rht_total = (fitted["quantize_amax_rht"] + fitted["quantize_nvfp4_rht"]) * n / 1e6
+  assert rht_total == pytest.approx(times["nvfp4 RHT (x_t)"], abs=1e-6)
+  # Measured 2026-11-27: each NVFP4 quantize kernel takes 2.3x or more the time its bytes need on the H100.
+  for name in ("quantize_nvfp4", "quantize_nvfp4_sr", "quantize_nvfp4_rht", "quantize_nvfp4_rht_sr"):
+    assert fitted[name] * n * 1e-9 > 2.2 * 4.0 * n / (H100.memory_bandwidth * roofline.DEFAULT.memory), name

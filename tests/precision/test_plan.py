@@ -6,6 +6,7 @@ import pytest
 
 from MaxText import config, precision, train
 from MaxText.model import accounting
+from MaxText.quantization.backends import Choice
 from MaxText.quantization.kernels import quantizer_impl
 from MaxText.trainer import train_step
 from tests.conftest import REPO
@@ -31,6 +32,23 @@ def test_default_scope_is_mlp_only_and_all_dense_quantizes_attention_too():
     precision.plan_from_config(_cfg("quantization=te_nvfp4", "attention_quantization=te_fp8_currentscaling"))
   )
   assert r["q"] == "te_fp8_currentscaling" and r["down"] == "te_nvfp4"
+
+
+def test_the_attention_projections_take_their_own_backend_request():
+  """attention_quantization_backend: the seeds' recipe on our NVFP4 (xla) beside FP8 projections (auto); unset, the
+  projections take quantization_backend's request."""
+  seeds = ("quantization=te_nvfp4", "attention_quantization=te_fp8_currentscaling", "quantization_backend=xla")
+  ((_, _, prec),) = precision.plan_from_config(_cfg(*seeds, "attention_quantization_backend=auto")).layer_ranges
+  assert {g: prec[g].backend for g in ("q", "o", "gate", "down")} == {
+    "q": Choice.AUTO,
+    "o": Choice.AUTO,
+    "gate": Choice.XLA,
+    "down": Choice.XLA,
+  }
+  ((_, _, prec),) = precision.plan_from_config(_cfg(*seeds)).layer_ranges
+  assert {prec[g].backend for g in ("q", "k", "v", "o", "gate", "up", "down")} == {Choice.XLA}
+  with pytest.raises(config.ConfigError, match="attention_quantization_backend"):
+    _cfg("attention_quantization_backend=cudnn")
 
 
 def test_bf16_edge_layers_and_flops_share():

@@ -157,6 +157,38 @@ for name in recipes:
                                   check_vma=False))(a)
     out[f"shard/{name}/{role}"] = bool(np.array_equal(np.asarray(whole.values), np.asarray(got)))
 
+if "xla_interpret" in extras:  # the xla backend's narrow Pallas operands (interpret mode) on each shard
+  from MaxText.quantization.backends import xla as xla_backend
+  bits = lambda v: np.asarray(jnp.asarray(v).astype(jnp.float32)).view(np.uint32)
+  for name in recipes:
+    recipe = recipe_of(name)
+    for role, transpose in (("x", False), ("w", True), ("x_t", True), ("dy", False), ("dy_t", True)):
+      whole = xla_backend.BACKEND.quantize(a, recipe, role, key, kernels=Kernels.XLA, transpose=transpose)
+      out_spec = P("tensor", "fsdp") if transpose else P("fsdp", "tensor")
+
+      def local(a_l, _role=role, _transpose=transpose):
+        rows = partition.global_indices(mesh, (a_l.shape[0],), (("fsdp",),))
+        cols = partition.global_indices(mesh, (a_l.shape[1],), (("tensor",),))
+        extra = {}
+        if recipe.stochastic_rounding(_role):  # the operand's draws, transposed or not (the XLA path takes these)
+          shape, r, c = (a.shape[::-1], cols, rows) if _transpose else (a.shape, rows, cols)
+          extra["draws"] = partition.draws(key, shape, r, c)
+        q = xla_backend.BACKEND.quantize(a_l, recipe, _role, key, kernels=Kernels.INTERPRET, transpose=_transpose,
+                                         amax_axes=("fsdp", "tensor"), **extra)
+        return q.values.astype(jnp.float32), q.scales.astype(jnp.float32), jnp.full((1, 1), q.global_scale)
+
+      with jax.set_mesh(mesh):
+        got = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P("fsdp", "tensor"), check_vma=False,
+                                    out_specs=(out_spec, out_spec, P("fsdp", "tensor"))))(a)
+      names = str(jax.make_jaxpr(jax.shard_map(local, mesh=mesh, in_specs=P("fsdp", "tensor"), check_vma=False,
+                                               out_specs=(out_spec, out_spec, P("fsdp", "tensor"))))(a))
+      out[f"xla_interpret/{name}/{role}"] = dict(
+        kernel="_narrow" in names,
+        values=bool(np.array_equal(bits(whole.values), bits(got[0]))),
+        scales=bool(np.array_equal(bits(whole.scales), bits(got[1]))),
+        amax=bool(np.all(bits(got[2]) == bits(whole.global_scale))),
+      )
+
 if "interpret" in extras:  # the Pallas kernels (interpret mode) on each shard: the XLA quantizers' bits
   shape, axes, out_dims = CASES["fsdp4_tensor2"]
   w = jax.random.normal(jax.random.key(1), (128, *out_dims), jnp.float32) * 0.05
@@ -188,8 +220,9 @@ if "export_xla" in extras:  # the xla backend lowered for CUDA: block-scaled dot
   text = exported.mlir_module()
   gathered = re.findall(r'"stablehlo\.all_gather".*: \(tensor<[\dx]*x(\w+)>\)', text)
   from tests.quantization.backends.test_xla import _block_scaled_dots
+  dot_dtypes = sorted(set(re.findall(r'block_scaled_dot.*-> tensor<[\dx]*x(\w+)>', text)))
   out["export_xla"] = dict(gathered=gathered, block_scaled_dots=len(_block_scaled_dots(text)),
-                           reduce_scatters=text.count('"stablehlo.reduce_scatter"'))
+                           reduce_scatters=text.count('"stablehlo.reduce_scatter"'), dot_dtypes=dot_dtypes)
 print("RESULT" + json.dumps(out))
 """
 
@@ -223,6 +256,9 @@ def test_partitioned_gemm_equals_one_device():
   # XLA reads, 4.5 bits per weight against BF16's 16); one reduce-scatter, the wgrad.
   exported = out.pop("export_xla")
   assert exported["block_scaled_dots"] == 3 and exported["reduce_scatters"] == 1
+  # Each dot emits the compute dtype (bf16), as one device's: the forward splits no sum, the dgrad and wgrad are rounded
+  # to bf16 before they are reduced.
+  assert exported["dot_dtypes"] == ["bf16"], exported
   assert sorted(exported["gathered"]) == ["f4E2M1FN", "f8E4M3FN"], exported
   for label, value in out.items():
     if label.startswith("shard/"):
@@ -232,6 +268,19 @@ def test_partitioned_gemm_equals_one_device():
     y_exact, dx_exact, _ = value["exact"]
     assert y_exact or label.endswith("row_fsdp4_tensor2"), label  # a column GEMM's forward splits no sum
     assert dx_exact or "tensor2" in label, label  # the dgrad sums over tensor shards only
+
+
+def test_the_xla_backends_pallas_operands_per_shard_are_the_whole_operands():
+  """The xla backend's narrow kernels (interpret mode) on each shard of a 4 x 2 mesh, rows of very different
+  magnitudes: the plain amax (XLA's reduction in the producer, no RHT) and the RHT amax pass's each the largest over
+  the mesh, so E2M1 values, E4M3 scales and the per-tensor amax are the whole operand's bits; the SR roles, given their
+  draws in the whole operand, take the XLA path, the same bits."""
+  out = _run(["te_nvfp4", "te_nvfp4_no_rht"], [], ["xla_interpret"])
+  checked = {label: value for label, value in out.items() if label.startswith("xla_interpret/")}
+  assert len(checked) == 10
+  for label, value in checked.items():
+    sr = label.endswith("/dy") or label.endswith("/dy_t")
+    assert value == dict(kernel=not sr, values=True, scales=True, amax=True), (label, value)
 
 
 @pytest.mark.slow

@@ -135,3 +135,24 @@ def test_dry_run_prints_the_compiled_figure(capsys):
   printed = capsys.readouterr().out
   assert "compiled memory per device:" in printed and "the step compiled for h100-1" in printed
   assert "memory check:" in printed and "fits in 59.3 GiB (h100-1)" in printed
+
+
+@pytest.mark.heavy
+def test_b200_1_nvfp4_xla_backend_reads_the_pallas_narrow_operands_and_writes_bf16():
+  """One B200: every NVFP4 operand of the xla backend from the Pallas kernels, narrow (E2M1 and E4M3 codes), none from
+  the XLA path's fusions; every block-scaled dot emits bf16, not f32."""
+  cfg, step, report = _compiled("b200-1", "quantization=te_nvfp4", "quantization_backend=xla")
+  assert report["backends"] == {"te_nvfp4": "xla (pallas quantizers)"}
+  assert _mlp_kinds(report) == {g: {"fp4_block_scaled": 3 * cfg.base_num_decoder_layers} for g in MLP}
+  module = hlo.parse(step.hlo_text)
+  dots = [i for instrs in module.computations.values() for i in instrs if i.target == "__cudnn$blockScaledDot"]
+  assert dots and all(i.shapes[0].dtype == "bf16" for i in dots), {i.shapes[0].dtype for i in dots}
+  for i in dots:
+    assert [a[0].dtype for a in module.operand_arrays(i)] == ["f4e2m1fn", "f4e2m1fn", "f8e4m3fn", "f8e4m3fn"]
+  quantizers = [k for k in step.kernels if k.kind == "pallas"]
+  names = {k.pallas_name for k in quantizers}
+  # x, w (16x16), dy (SR), x_t (RHT), dy_t (RHT + SR), each after its amax pass
+  assert {n for n in names if "amax" not in n} == {
+    f"quantize_nvfp4{v}_narrow" for v in ("", "_16x16", "_sr", "_rht", "_rht_sr")
+  }, names
+  assert not [k for k in step.kernels if k.kind == "fusion" and "_quantize_jit" in k.scope]  # no XLA-path quantizer

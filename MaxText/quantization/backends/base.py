@@ -62,8 +62,9 @@ class OperandBackend:
     per-tensor amax is the largest over these mesh axes, `draws` its elements' stochastic-rounding draws."""
     raise NotImplementedError
 
-  def gemm(self, a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe):
-    """a [M, K] . b_t [N, K]^T in f32, the global scales applied."""
+  def gemm(self, a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe, out_dtype=F32):
+    """a [M, K] . b_t [N, K]^T, the global scales applied, in f32 or in `out_dtype` (the dtype the caller rounds
+    it to: a backend whose GEMM can write that directly does)."""
     raise NotImplementedError
 
   def dequantize(self, q: QuantizedTensor, recipe: Recipe, dtype):
@@ -91,7 +92,7 @@ def _qmatmul_fwd(x_MxK, w_KxN, key, recipe, w_dtype, backend, kernels):
   del w_dtype
   x_op = backend.quantize(x_MxK, recipe, "x", kernels=kernels)
   w_op = backend.quantize(w_KxN, recipe, "w", kernels=kernels, transpose=True)
-  y_MxN = backend.gemm(x_op, w_op, recipe).astype(x_MxK.dtype)
+  y_MxN = backend.gemm(x_op, w_op, recipe, x_MxK.dtype).astype(x_MxK.dtype)
   if recipe.backward_override == "high_precision":
     return y_MxN, (x_MxK, w_KxN, key)
   if recipe.backward_override == "dequantized":  # the forward's operands, kept (or rematerialized) as they are
@@ -130,11 +131,11 @@ def _qmatmul_bwd(recipe, w_dtype, backend, kernels, residuals, dy_MxN):
   quantize = functools.partial(backend.quantize, recipe=recipe, kernels=kernels)
   dy_op = quantize(dy_MxN, role="dy", key=k_dgrad)
   w_t_op = w_res if recipe.shares_transpose("w") else quantize(w_res, role="w_t")
-  dx_MxK = backend.gemm(dy_op, w_t_op, recipe).astype(dy_MxN.dtype)
+  dx_MxK = backend.gemm(dy_op, w_t_op, recipe, dy_MxN.dtype).astype(dy_MxN.dtype)
   x_t_op = x_res if recipe.shares_transpose("x") else quantize(x_res, role="x_t", transpose=True)
   dy_t_op = dy_op.T if recipe.shares_transpose("dy") else quantize(dy_MxN, role="dy_t", key=k_wgrad, transpose=True)
   # Rounded to the compute dtype like TE's GEMM output, then to the master weights' dtype.
-  dw_KxN = backend.gemm(x_t_op, dy_t_op, recipe).astype(dy_MxN.dtype).astype(w_dtype)
+  dw_KxN = backend.gemm(x_t_op, dy_t_op, recipe, dy_MxN.dtype).astype(dy_MxN.dtype).astype(w_dtype)
   return dx_MxK, dw_KxN, None
 
 

@@ -333,7 +333,8 @@ class EmulatedBackend(OperandBackend):
       x, recipe, role, key, kernels=kernels, transpose=transpose, amax_axes=tuple(amax_axes), draws=draws
     )
 
-  def gemm(self, a, b_t, recipe: Recipe):
+  def gemm(self, a, b_t, recipe: Recipe, out_dtype=jnp.float32):
+    del out_dtype  # f32, the caller rounds it (the tensor core's single rounding of acc * scales)
     return gemm(a, b_t, recipe)
 
   def matmul(self, x_MxK, w_KxN, recipe: Recipe, *, key, kernels):

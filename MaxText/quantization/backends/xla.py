@@ -7,6 +7,15 @@ custom call into a cuDNN block-scaled FP4 GEMM on Blackwell (SM100+, cuDNN >= 9.
 into dequantize + dot elsewhere on NVIDIA GPUs. E2M1 x E4M3 products are exact in f32 and TF32, so
 the result equals the emulated backend's up to the order of the f32 accumulation. JAX has no CPU
 lowering of the custom call: on CPU this backend can be lowered for CUDA (jax.export), not run.
+
+Where the Pallas kernels run (`quantization_kernels`, quantizer_impl: auto = one NVIDIA GPU) the NVFP4 operands come
+from them, narrow (pallas_quantize.nvfp4_narrow: the XLA path's bits, packed E2M1 and E4M3 codes written once by one
+kernel after the amax pass) instead of from the XLA path's five to eight fusions per operand; MX operands always
+take the XLA path. The dot emits the caller's compute dtype (bf16 in training: half the bytes of f32), and the
+global scales multiply that (in f32, rounded once more to the compute dtype): XLA's cuDNN block-scaled dot takes no
+epilogue scale, so a bf16 result is rounded twice, once in the dot and once after the scale. That differs from the
+emulated backend's single rounding of acc * alpha by at most one bf16 unit in the last place (2**-8 relative),
+against NVFP4's own error of ~2**-3 per element. An f32 compute dtype keeps f32 outputs and the single rounding.
 """
 
 import functools
@@ -17,8 +26,10 @@ import jax.numpy as jnp
 from MaxText.quantization import target
 from MaxText.quantization.backends import emulated
 from MaxText.quantization.backends.base import OperandBackend
-from MaxText.quantization.formats import Format, mx, nvfp4
+from MaxText.quantization.formats import Format, grids, mx, nvfp4
 from MaxText.quantization.formats.tensor import QuantizedTensor
+from MaxText.quantization.kernels import quantizer_impl
+from MaxText.quantization.kernels.quantizer_impl import Kernels
 from MaxText.quantization.recipes import RECIPES, Recipe
 
 NATIVE_MIN_SM = 100  # cuDNN's block-scaled FP4 GEMM: Blackwell
@@ -54,14 +65,57 @@ def quantize_for_gemm(x, recipe: Recipe, role: str, key=None, amax_axes=(), draw
   return QuantizedTensor(q.values, q.scales.astype(jnp.float8_e8m0fnu), q.global_scale, tile=q.tile)
 
 
-def gemm(a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe):
-  """a [M, K] . b_t [N, K]^T through the block-scaled dot; NVFP4's global scales in the epilogue (f32)."""
+def _quantize_with_kernels(x, recipe: Recipe, role: str, key, transpose, interpret, amax_axes, draws):
+  """An NVFP4 operand from the Pallas kernels, narrow (same bits as quantize_for_gemm), or None where they don't cover
+  it (MX, SR on an odd row count or another PRNG, a shard's draws in the whole operand: the XLA path then)."""
+  if recipe.format is not Format.NVFP4 or draws is not None:  # the kernels draw for the array they are given
+    return None
+  # Imported here: Pallas takes ~0.7 s to import, and only the kernel path needs it.
+  from MaxText.quantization.kernels import pallas_quantize  # pylint: disable=import-outside-toplevel
+
+  options = emulated.nvfp4_options(recipe, role, key)
+  shape = x.shape[::-1] if transpose else x.shape
+  if not pallas_quantize.nvfp4_supported(
+    shape, tile=options["tile"], stochastic_rounding=options["stochastic_rounding"], key=key
+  ):
+    return None
+  # The plain amax (no RHT) as XLA's reduction, which XLA fuses into the kernel that produces x (the SwiGLU, the
+  # RMSNorm, the cast of a weight): no pass of its own over x. The same number as the amax pass (grids.abs_max); a
+  # shard's (partition.py) is then the largest over `amax_axes`, in nvfp4_narrow, as the pass's would be.
+  amax = None if options["rht"] else grids.abs_max(x.astype(jnp.float32))
+  values, scales, amax = pallas_quantize.nvfp4_narrow(
+    x, **options, transpose=transpose, interpret=interpret, amax=amax, amax_axes=amax_axes
+  )
+  e4m3_max = jnp.float32(nvfp4.global_e4m3_max(options["four_over_six"]))
+  return QuantizedTensor(values, scales, amax, e4m3_max, tile=options["tile"])
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2), static_argnames=("kernels", "transpose", "amax_axes"))
+def quantize_operand(
+  x, recipe: Recipe, role: str, key=None, *, kernels=Kernels.AUTO, transpose=False, amax_axes=(), draws=None
+):
+  """quantize_for_gemm of x (x.T if `transpose`), by the Pallas kernels where `kernels` resolves to them and they
+  cover the operand (reading x as it is stored), else by the XLA path. `amax_axes`, `draws`: x is a shard of the
+  operand inside a partitioned GEMM (nvfp4.quantize; `draws` are the operand's, transposed or not)."""
+  impl = quantizer_impl.resolve(kernels)
+  if impl is not Kernels.XLA:
+    interpret = impl is Kernels.INTERPRET
+    op = _quantize_with_kernels(x, recipe, role, key, transpose, interpret, amax_axes, draws)
+    if op is not None:
+      return op
+  return quantize_for_gemm(x.T if transpose else x, recipe, role, key, amax_axes=amax_axes, draws=draws)
+
+
+def gemm(a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe, out_dtype=jnp.float32):
+  """a [M, K] . b_t [N, K]^T through the block-scaled dot, emitted in `out_dtype`; NVFP4's global scales multiply it
+  in f32 (XLA fuses that into the consumer), rounded to `out_dtype` (see the module doc)."""
   acc = jax.nn.scaled_matmul(
-    a.values[None], b_t.values[None], a.scales[None], b_t.scales[None], preferred_element_type=jnp.float32
+    a.values[None], b_t.values[None], a.scales[None], b_t.scales[None], preferred_element_type=out_dtype
   )[0]
   if recipe.format is not Format.NVFP4:
     return acc
-  return acc * nvfp4.gemm_alpha(a.global_scale, b_t.global_scale, a.e4m3_max, b_t.e4m3_max)
+  alpha = nvfp4.gemm_alpha(a.global_scale, b_t.global_scale, a.e4m3_max, b_t.e4m3_max)
+  return (acc.astype(jnp.float32) * alpha).astype(out_dtype)
 
 
 class XlaBackend(OperandBackend):
@@ -73,18 +127,22 @@ class XlaBackend(OperandBackend):
     return unavailable_reason(recipe)
 
   def quantize(self, x, recipe: Recipe, role: str, key=None, *, kernels, transpose=False, amax_axes=(), draws=None):
-    del kernels  # always our XLA-path quantizers: the kernels write the emulated GEMM's folded operands
-    return quantize_for_gemm(x.T if transpose else x, recipe, role, key, amax_axes=tuple(amax_axes), draws=draws)
+    return quantize_operand(
+      x, recipe, role, key, kernels=kernels, transpose=transpose, amax_axes=tuple(amax_axes), draws=draws
+    )
 
-  def gemm(self, a, b_t, recipe: Recipe):
-    return gemm(a, b_t, recipe)
+  def gemm(self, a, b_t, recipe: Recipe, out_dtype=jnp.float32):
+    return gemm(a, b_t, recipe, out_dtype)
 
   def dequantize(self, q, recipe: Recipe, dtype):
     """NVFP4: values * block scale * 1/S_enc rounded to `dtype`, as the emulated backend's."""
     return emulated.dequantize(q, recipe, dtype)
 
   def quantizers(self, kernels, recipe=None):
-    return "xla"
+    """The NVFP4 quantizers' implementation (MX operands always take the XLA path)."""
+    if recipe is not None and recipe.format is not Format.NVFP4:
+      return Kernels.XLA.value
+    return quantizer_impl.resolve(kernels).value
 
 
 BACKEND = XlaBackend()

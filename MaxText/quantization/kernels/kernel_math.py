@@ -139,6 +139,17 @@ def e2m1_storage(q):
   return jnp.where(jnp.isnan(q), -0.0, q)
 
 
+def e2m1_bits(q):
+  """The 4-bit code (uint32 < 16) of q, a value on the E2M1 grid or NaN: what q.astype(float4_e2m1fn) stores (NaN,
+  which E2M1 lacks, as XLA's convert writes it: -0, code 8)."""
+  a = abs_(q)
+  # 0, 0.5, 1, 1.5 -> 0..3 (2a); 2, 3 -> 4, 5 (a + 2); 4, 6 -> 6, 7 (a / 2 + 4): exact in f32
+  magnitude = jnp.where(a < 2.0, a * 2.0, jnp.where(a < 4.0, a + 2.0, a * 0.5 + 4.0))
+  magnitude = jnp.where(jnp.isnan(q), 0.0, magnitude).astype(jnp.uint32)
+  sign = (grids.f32_bits(q) >> 28) & np.uint32(8)
+  return jnp.where(jnp.isnan(q), np.uint32(8), sign | magnitude)
+
+
 _FP8_CODES = {  # grid name: (exponent bias, NaN code as XLA's convert writes it)
   "e4m3": (7, 0x7F),
   "e5m2": (15, 0x7E),

@@ -107,6 +107,24 @@ def _tile_amax_bits(block_bits):
 def _nvfp4_kernel(scales_ref, *refs, layout, tile_rows, rht, sr, operand_cols, four_over_six):
   """nvfp4._quantize_jit(out="block_scaled") on one tile; scales_ref = (S_enc, 1/S_enc, amax)."""
   key_ref, x_ref, o_ref = refs if sr else (None, *refs)
+  values, decode = _nvfp4_tile(scales_ref, key_ref, x_ref, layout, tile_rows, rht, sr, operand_cols, four_over_six)
+  p, rows, cols = o_ref.shape
+  o_ref[...] = (values * decode[..., None]).reshape(p, rows, cols).astype(o_ref.dtype)
+
+
+def _nvfp4_narrow_kernel(scales_ref, *refs, layout, tile_rows, rht, sr, operand_cols, four_over_six):
+  """nvfp4._quantize_jit(out="nvfp4") on one tile, as the block-scaled GEMM reads it: E2M1 codes two to a byte (element
+  2i in the low nibble, as XLA packs float4_e2m1fn) and the E4M3 block scales' codes."""
+  key_ref, x_ref, values_ref, scales_out_ref = refs if sr else (None, *refs)
+  values, decode = _nvfp4_tile(scales_ref, key_ref, x_ref, layout, tile_rows, rht, sr, operand_cols, four_over_six)
+  p, rows, half_cols = values_ref.shape
+  low, high = jnp.split(km.e2m1_bits(values).reshape(p, rows, half_cols, 2), 2, axis=-1)
+  values_ref[...] = (low | (high << 4))[..., 0].astype(jnp.uint8)
+  scales_out_ref[...] = km.fp8_bits(decode, grids.E4M3).astype(jnp.uint8)
+
+
+def _nvfp4_tile(scales_ref, key_ref, x_ref, layout, tile_rows, rht, sr, operand_cols, four_over_six):
+  """(E2M1 values [pair, rows, blocks, 16], E4M3 decode scales [pair, rows, blocks]) of one tile, as f32."""
   x = layout.load(x_ref)
   p, rows, cols = x.shape
   x = x.reshape(p, rows, cols // NVFP4_BLOCK, NVFP4_BLOCK)
@@ -126,7 +144,7 @@ def _nvfp4_kernel(scales_ref, *refs, layout, tile_rows, rht, sr, operand_cols, f
     encode = km.minimum(grids.div_rn(1.0, decode * s_dec), grids.FLT_MAX)
   scaled = km.clip(x * encode[..., None], -nvfp4.E2M1_MAX, nvfp4.E2M1_MAX)
   values = km.round_to_grid(scaled, grids.E2M1) if u is None else km.stochastic_round_to_grid(scaled, grids.E2M1, u)
-  o_ref[...] = (values * decode[..., None]).reshape(p, rows, cols).astype(o_ref.dtype)
+  return values, decode
 
 
 def _four_over_six_choice(x, block_amax, amax, s_enc, s_dec, u, tile_rows, mode):
@@ -192,6 +210,66 @@ def nvfp4_block_scaled(
   """nvfp4.quantize_block_scaled(x.T if transpose else x, ...): (bf16 values * block scales [R, C], amax).
   For operands nvfp4_supported covers; four_over_six: None, "mse" or "mae" (Four Over Six in the same kernel).
   `amax_axes`: x is a shard of the operand (inside a partitioned GEMM): the amax is the largest over these mesh axes."""
+  options = dict(tile=tile, rht=rht, stochastic_rounding=stochastic_rounding, key=key, four_over_six=four_over_six)
+  call, layout, rows, cols, amax = _nvfp4_call(
+    x, _nvfp4_kernel, transpose, interpret, "", amax_axes=amax_axes, **options
+  )
+  out = call([layout.out_shape(jnp.bfloat16)], [layout.out_spec()])[0]
+  return _finish(out, layout, rows, cols), amax
+
+
+def nvfp4_narrow(
+  x,
+  *,
+  tile=(1, 16),
+  rht=False,
+  stochastic_rounding=False,
+  key=None,
+  four_over_six=None,
+  transpose=False,
+  interpret=False,
+  amax=None,
+  amax_axes=(),
+):
+  """nvfp4.quantize(x.T if transpose else x, ...) as the block-scaled GEMM reads it: (E2M1 values [R, C] in
+  float4_e2m1fn, E4M3 block scales [R, ceil(C/16)] in float8_e4m3fn, amax); the same bits as the XLA path, written
+  once (half a byte and a sixteenth of a byte per element) by one kernel after the amax pass. `amax`: max |x| (of its
+  RHT if rht) computed by the caller, exactly grids.abs_max's, instead of the amax pass. `amax_axes`: x is a shard of
+  the operand (inside a partitioned GEMM): the amax, the pass's or the caller's (x's own), is the largest over these
+  mesh axes."""
+  options = dict(tile=tile, rht=rht, stochastic_rounding=stochastic_rounding, key=key, four_over_six=four_over_six)
+  call, layout, rows, cols, amax = _nvfp4_call(
+    x, _nvfp4_narrow_kernel, transpose, interpret, "_narrow", amax=amax, amax_axes=amax_axes, **options
+  )
+  blocks = layout.cols // NVFP4_BLOCK
+  half, block_half = layout.cols // 2, layout.block_cols // 2
+  shape = lambda n: jax.ShapeDtypeStruct((layout.pair, layout.rows // layout.pair, n), jnp.uint8)
+  spec = lambda n: pl.BlockSpec((layout.pair, layout.block_rows, n), lambda i, j: (0, i, j))
+  packed, codes = call([shape(half), shape(blocks)], [spec(block_half), spec(layout.block_cols // NVFP4_BLOCK)])
+  values = jax.lax.bitcast_convert_type(packed.reshape(layout.rows, half), jnp.float4_e2m1fn)
+  scales = jax.lax.bitcast_convert_type(codes.reshape(layout.rows, blocks), jnp.float8_e4m3fn)
+  return values.reshape(layout.rows, layout.cols)[:rows, :cols], scales[:rows, : -(-cols // NVFP4_BLOCK)], amax
+
+
+def _nvfp4_call(
+  x,
+  kernel,
+  transpose,
+  interpret,
+  suffix,
+  *,
+  tile,
+  rht,
+  stochastic_rounding,
+  key,
+  four_over_six,
+  amax=None,
+  amax_axes=(),
+):
+  """(call(out_shapes, out_specs) -> outputs, layout, operand rows, operand cols, amax) of an NVFP4 quantize pass: the
+  checks, the padding and the amax pass (unless `amax`, x's own, is given) done, the amax the largest over the mesh
+  axes `amax_axes` (x a shard, in a partitioned GEMM: the whole operand's per-tensor scale); the kernel's scalars and
+  x bound."""
   rows, cols = x.shape[::-1] if transpose else x.shape
   if not nvfp4_supported((rows, cols), tile=tile, stochastic_rounding=stochastic_rounding, key=key):
     raise ValueError(
@@ -202,7 +280,9 @@ def nvfp4_block_scaled(
     raise ValueError(f"hadamard16: last axis of shape {(rows, cols)} must be a multiple of {NVFP4_BLOCK}")
   tile_rows = tile[0]
   padded = pallas_layout.pad_operand(x, transpose=transpose, row_multiple=tile_rows, col_multiple=NVFP4_BLOCK)
-  amax = grids.max_across(amax_padded(padded, transpose=transpose, rht=rht, interpret=interpret), amax_axes)
+  if amax is None:
+    amax = amax_padded(padded, transpose=transpose, rht=rht, interpret=interpret)
+  amax = grids.max_across(amax, amax_axes)  # after the shard's own amax: the caller's as well as the pass's
   s_enc = nvfp4.global_encode_scale(amax, nvfp4.global_e4m3_max(four_over_six))
   scalars = [jnp.stack([s_enc, grids.div_rn(1.0, s_enc), amax])]
   if stochastic_rounding:
@@ -211,8 +291,8 @@ def nvfp4_block_scaled(
   layout = pallas_layout.make_layout(
     padded_rows, padded_cols, transpose=transpose, pair=2 if stochastic_rounding else 1
   )
-  kernel = functools.partial(
-    _nvfp4_kernel,
+  body = functools.partial(
+    kernel,
     layout=layout,
     tile_rows=tile_rows,
     rht=rht,
@@ -226,9 +306,23 @@ def nvfp4_block_scaled(
     + ("_rht" if rht else "")
     + ("_sr" if stochastic_rounding else "")
     + (f"_4over6_{four_over_six}" if four_over_six else "")
+    + suffix
   )
-  out = _call(kernel, layout, jnp.bfloat16, name, interpret, scalars)(*scalars, layout.view(padded))
-  return _finish(out, layout, rows, cols), amax
+  scalar_specs = [pl.BlockSpec(s.shape, lambda i, j: (0,)) for s in scalars]
+
+  def call(out_shapes, out_specs):
+    return pl.pallas_call(
+      body,
+      out_shape=tuple(out_shapes),
+      grid=layout.grid,
+      in_specs=[*scalar_specs, layout.in_spec()],
+      out_specs=tuple(out_specs),
+      compiler_params=pl_triton.CompilerParams(num_warps=_NUM_WARPS, num_stages=1),
+      interpret=interpret,
+      name=KERNEL_PREFIX + name,
+    )(*scalars, layout.view(padded))
+
+  return call, layout, rows, cols, amax
 
 
 # ---------------------------------------------------------------- per-tensor FP8

@@ -13,6 +13,7 @@ from tests import hlo_dots
 from MaxText import precision, train
 from MaxText.quantization import backends, get_recipe, qmatmul
 from MaxText.quantization.backends import emulated, xla as xla_backend
+from MaxText.quantization.kernels.quantizer_impl import Kernels
 from tests.conftest import REPO
 from tests.trainer.test_train import SMALL
 from tests.trainer.test_train_step import _cfg, _step_and_args
@@ -135,3 +136,48 @@ def test_nvfp4_options_lowered_for_cuda(as_if_on_a_gpu, options, per_dense):
   block_scaled = flops.mlp * per_dense / 3
   assert sum(by_dtype.values()) == pytest.approx(flops.total + flops.attention_core - block_scaled, rel=1e-9)
   assert set(by_dtype) == {("bf16", "bf16")}, by_dtype
+
+
+def _xla_backend_roles(recipe, kernels):
+  """jit(x, w, dy, key) -> {role: the xla backend's operand} for every role, as the quantized matmul asks for them."""
+  from tests.quantization.kernels.test_pallas_quantize import ROLE_INPUTS  # pylint: disable=import-outside-toplevel
+
+  def run(x, w, dy, key):
+    arrays = {"x": x, "w": w, "dy": dy}
+    out = {}
+    for role, (operand, transpose) in ROLE_INPUTS.items():
+      out[role] = xla_backend.BACKEND.quantize(arrays[operand], recipe, role, key, kernels=kernels, transpose=transpose)
+    return out
+
+  return jax.jit(run)
+
+
+@pytest.mark.parametrize("knobs", [{}, pytest.param({"nvfp4_4over6": "all"}, marks=pytest.mark.slow)])
+def test_the_pallas_kernels_give_the_xla_backend_the_xla_paths_narrow_operands(knobs):
+  """Every NVFP4 role from the narrow kernels (interpret mode) on random and adversarial operands: E2M1 values (packed
+  two to a byte), E4M3 scales and the amax bit for bit the XLA path's, in the dtypes the block-scaled dot reads."""
+  from tests.quantization.kernels import test_pallas_quantize as tk  # pylint: disable=import-outside-toplevel
+
+  recipe = get_recipe("te_nvfp4", **knobs)
+  shapes = [(tk.M, tk.K), (tk.K, tk.N), (tk.M, tk.N)]
+  by_shape = {s: tk.adversarial_operands(s, seed=i) for i, s in enumerate(shapes)}
+  got_fn = _xla_backend_roles(recipe, Kernels.INTERPRET)
+  want_fn = _xla_backend_roles(recipe, Kernels.XLA)
+  names = str(jax.make_jaxpr(got_fn)(*(jnp.zeros(s) for s in shapes), jax.random.key(0)))
+  assert len(re.findall(r"name=quantize_nvfp4\w*_narrow", names)) == 6  # the kernel path, not the fallback
+  # The amax pass only where the amax is of the RHT (x_t, dy_t); else XLA's reduction, fused into x's producer.
+  assert len(re.findall(r"name=quantize_amax_rht\b", names)) == 2 and not re.findall(r"name=quantize_amax\b", names)
+  for kind in by_shape[shapes[0]]:
+    args = (*tk._inputs(kind, by_shape), jax.random.key(11))  # pylint: disable=protected-access
+    got, want = got_fn(*args), want_fn(*args)
+    for role in want:
+      assert got[role].values.dtype == jnp.float4_e2m1fn and got[role].scales.dtype == jnp.float8_e4m3fn
+      for part in ("values", "scales", "global_scale", "e4m3_max"):
+        assert tk.same_bits(getattr(got[role], part), getattr(want[role], part)), (kind, role, part)
+      packed = lambda q: jax.lax.bitcast_convert_type(q.values.reshape(q.values.shape[0], -1, 2), jnp.uint8)
+      assert np.array_equal(packed(got[role]), packed(want[role])), (kind, role)
+
+
+def test_the_xla_backend_names_its_quantizers():
+  assert xla_backend.BACKEND.quantizers(Kernels.INTERPRET) == "interpret"
+  assert xla_backend.BACKEND.quantizers(Kernels.XLA) == "xla"
