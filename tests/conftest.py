@@ -4,6 +4,8 @@ import contextlib
 import json
 import os
 import pathlib
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -34,6 +36,21 @@ def cpu_subprocess_env(devices, **extra):
   """The environment of a test's subprocess on `devices` virtual CPU devices, compiling as this suite does."""
   flags = f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}".strip()
   return dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", **extra)
+
+
+def run_on_cpu_devices(script, *args, devices=8, timeout=900):
+  """The JSON `script` (a `python -c` program) prints after "RESULT", run with `args` in a subprocess on `devices`
+  virtual CPU devices (a mesh without touching this process's XLA_FLAGS); its stderr's tail if it fails."""
+  proc = subprocess.run(
+    [sys.executable, "-c", script, *args],
+    cwd=REPO,
+    env=cpu_subprocess_env(devices),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.split("RESULT")[-1])
 
 
 @pytest.fixture

@@ -2,15 +2,13 @@
 the train step compiled on 8 CPU devices."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from MaxText.model import accounting
 from MaxText.model.decoder import abstract_model
 from MaxText import config
-from tests.conftest import REPO, cpu_subprocess_env
+from tests.conftest import REPO, run_on_cpu_devices
 
 
 def _cfg(name, *overrides):
@@ -145,16 +143,7 @@ def test_the_estimates_sharded_state_is_what_the_compiled_step_takes():
     "te_nvfp4": ["quantization=te_nvfp4"],
     "fsdp4_tensor2": ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"],
   }
-  proc = subprocess.run(
-    [sys.executable, "-c", STATE_SCRIPT, json.dumps(runs)],
-    cwd=REPO,
-    env=cpu_subprocess_env(8),
-    capture_output=True,
-    text=True,
-    timeout=900,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.split("RESULT")[-1])
+  out = run_on_cpu_devices(STATE_SCRIPT, json.dumps(runs))
   for label, got in out.items():
     mem, est = got["memory"], got["estimate"]
     state = est["params"] + est["optimizer"]

@@ -3,8 +3,6 @@ GEMM (8 virtual CPU devices, a subprocess) gives one device's outputs on fsdp, t
 column GEMMs, a fused kernel, per backend and recipe."""
 
 import json
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +11,7 @@ import pytest
 
 from MaxText.quantization import partition
 from MaxText.quantization.formats import grids
-from tests.conftest import REPO, cpu_subprocess_env
+from tests.conftest import run_on_cpu_devices
 
 
 def test_mul_add_u64_is_the_64_bit_product():
@@ -228,16 +226,7 @@ print("RESULT" + json.dumps(out))
 
 
 def _run(recipes, cases, extras=()):
-  proc = subprocess.run(
-    [sys.executable, "-c", SCRIPT, json.dumps(recipes), json.dumps(cases), json.dumps(list(extras))],
-    cwd=REPO,
-    env=cpu_subprocess_env(8),
-    capture_output=True,
-    text=True,
-    timeout=900,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.split("RESULT")[-1])
+  return run_on_cpu_devices(SCRIPT, json.dumps(recipes), json.dumps(cases), json.dumps(list(extras)))
 
 
 @pytest.mark.heavy

@@ -2,14 +2,12 @@
 ici/dcn keys, parameter specs, quantized numbers and training losses equal to one device."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from MaxText import config
 from MaxText.runtime import sharding
-from tests.conftest import REPO, cpu_subprocess_env
+from tests.conftest import REPO, run_on_cpu_devices
 from tests.trainer.test_train import SMALL
 
 
@@ -139,16 +137,7 @@ def test_sharded_training_matches_one_device_on_every_mesh(tmp_path):
 
 def _train_on_cpu(tmp_path, runs, devices):
   """{recipe/mesh: losses} from SCRIPT on `devices` virtual CPU devices (CPU on a GPU machine too: like with like)."""
-  proc = subprocess.run(
-    [sys.executable, "-c", SCRIPT, json.dumps(SMALL), json.dumps(runs), str(tmp_path)],
-    cwd=REPO,
-    env=cpu_subprocess_env(devices),
-    capture_output=True,
-    text=True,
-    timeout=900,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.split("RESULT")[-1])
+  return run_on_cpu_devices(SCRIPT, json.dumps(SMALL), json.dumps(runs), str(tmp_path), devices=devices)
 
 
 def _run_meshes(tmp_path, runs):
@@ -197,16 +186,7 @@ def test_te_nvfp4_step_moves_no_more_collective_data_than_bf16():
   meshes = {"fsdp8": [], "fsdp4_tensor2": ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"]}
   runs = {f"{q or 'bf16'}/{m}": [f"quantization={q}", *keys] for m, keys in meshes.items() for q in ("", "te_nvfp4")}
   small = ["dataset_type=synthetic", "per_device_batch_size=2"]
-  proc = subprocess.run(
-    [sys.executable, "-c", COLLECTIVES_SCRIPT, json.dumps(small), json.dumps(runs)],
-    cwd=REPO,
-    env=cpu_subprocess_env(8),
-    capture_output=True,
-    text=True,
-    timeout=900,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.split("RESULT")[-1])
+  out = run_on_cpu_devices(COLLECTIVES_SCRIPT, json.dumps(small), json.dumps(runs))
   for mesh in meshes:
     bf16, nvfp4 = out[f"bf16/{mesh}"], out[f"te_nvfp4/{mesh}"]
     assert sum(bf16.values()) > 1e6, bf16  # the weights' gathers at least

@@ -14,7 +14,7 @@ from MaxText.config import RunShape
 from MaxText.runtime import run_lock
 from MaxText.trainer import run_setup
 from MaxText.trainer.hooks import profiler
-from tests.conftest import REPO
+from tests.conftest import REPO, run_on_cpu_devices
 from tests.data.corpus import grain_overrides
 from tests.trainer.test_train import SMALL
 
@@ -125,21 +125,8 @@ def test_train_state_is_sharded_like_the_params_on_8_devices(tmp_path):
   checkpoint written with replicated moments; only AdamW's count and the amax histories are replicated (MaxText's
   rule; before, mu and nu came out replicated: 100% of the optimizer state on every device)."""
   import json
-  import subprocess
-  import sys
 
-  from tests.conftest import cpu_subprocess_env
-
-  proc = subprocess.run(
-    [sys.executable, "-c", STATE_SHARDING_SCRIPT, json.dumps(SMALL), str(tmp_path)],
-    cwd=REPO,
-    env=cpu_subprocess_env(8),
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.split("RESULT")[-1])
+  out = run_on_cpu_devices(STATE_SHARDING_SCRIPT, json.dumps(SMALL), str(tmp_path), timeout=600)
   resumed = out.pop("resumed")
   for label, got in out.items():
     # 2 layers x 9 parameters + embedding, lm_head (untied), final norm: each with a mu and a nu.
