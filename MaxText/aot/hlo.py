@@ -207,7 +207,7 @@ class Module:
     return next((i for i in instrs if i.root), instrs[-1] if instrs else None)
 
 
-def _split_type(rhs):
+def split_type(rhs):
   """(type text, rest) of an instruction's right side: 'bf16[8]{0} add(...)', '(f32[2], s8[4]) custom-call(...)'."""
   if rhs.startswith("("):
     depth = 0
@@ -257,7 +257,7 @@ def parse(text) -> Module:
     lhs, rhs = stripped.split(" = ", 1)
     root = lhs.startswith("ROOT ")
     name = lhs.replace("ROOT ", "").strip().lstrip("%")
-    type_text, rest = _split_type(rhs)
+    type_text, rest = split_type(rhs)
     opcode, operands, inside, attributes = _call_parts(rest)
     number = int(inside) if opcode == "parameter" and inside.strip().isdigit() else None
     computations[current].append(

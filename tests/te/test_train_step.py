@@ -12,6 +12,7 @@ import pytest
 
 from MaxText import config, precision
 from MaxText.model import accounting
+from MaxText.aot import hlo
 from MaxText.precision import GEMMS, MLP_GEMMS
 from tests.conftest import REPO
 from tests.te.conftest import export_for_cuda
@@ -20,16 +21,8 @@ from tests.trainer.test_train_step import _step_and_args
 
 pytestmark = pytest.mark.te
 
-# The named scope of each GEMM kind's Dense (its remat name) in the HLO.
-GEMM_OF_SCOPE = {
-  "query_proj": "q",
-  "key_proj": "k",
-  "value_proj": "v",
-  "out_proj": "o",
-  "mlpwi_0": "gate",
-  "mlpwi_1": "up",
-  "mlpwo": "down",
-}
+# The named scope of each GEMM kind's Dense (its remat name) in the HLO: the per-layer GEMMs of hlo.GEMM_SCOPES.
+GEMM_OF_SCOPE = {scope: gemm for scope, gemm in hlo.GEMM_SCOPES.items() if gemm in GEMMS}
 LAYER_SCOPE = re.compile(r"layers_(\d+)(?:-(\d+))?")
 # Bf16 edge layers at both ends, so the plan has BF16 and NVFP4 layer ranges.
 EDGES = ["quantization_bf16_first_layers=1", "quantization_bf16_last_layers=1"]

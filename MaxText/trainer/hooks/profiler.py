@@ -22,6 +22,7 @@ import re
 
 import jax
 
+from MaxText.aot import hlo
 from MaxText.model import accounting
 from MaxText.config import ConfigError
 from MaxText.trainer.loop import Hook
@@ -182,18 +183,6 @@ def newest_xplane(trace_dir):
 # -- the optimized HLO: what each op is ------------------------------------------------------------
 
 
-def _split_type(rhs):
-  """('(f32[2], s8[4])' or 'bf16[8,4]{1,0}', rest) from the right-hand side of an HLO instruction."""
-  if rhs.startswith("("):
-    depth = 0
-    for i, ch in enumerate(rhs):
-      depth += {"(": 1, ")": -1}.get(ch, 0)
-      if depth == 0:
-        return rhs[: i + 1], rhs[i + 1 :].strip()
-  head, _, rest = rhs.partition(" ")
-  return head, rest.strip()
-
-
 def _parenthesized(text):
   """The text inside the first balanced (...) of `text`, and what follows it."""
   start = text.find("(")
@@ -233,7 +222,7 @@ def parse_hlo(hlo_text):
       continue
     name, rhs = stripped.split(" = ", 1)
     name = name.replace("ROOT", "").strip().lstrip("%")
-    result_type, rest = _split_type(rhs)
+    result_type, rest = hlo.split_type(rhs)
     opcode = rest.split("(", 1)[0].strip()
     operands, attributes = _parenthesized(rest)
     target = re.search(r'custom_call_target="([^"]+)"', attributes) or _FUSION_KIND.search(attributes)
