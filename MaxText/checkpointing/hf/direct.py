@@ -4,32 +4,15 @@ the slices its devices hold (no conversion step before a large run)."""
 import jax
 import numpy as np
 
+from MaxText.config.models import MODEL_KEYS
 from MaxText.runtime import sharding
 from MaxText.checkpointing.hf import HFError, names
 from MaxText.checkpointing.hf.checkpoint import HFCheckpoint
 
-# The config keys a checkpoint's config.json fixes: the run's config must agree with every one.
-MODEL_KEYS = (
-  "base_emb_dim",
-  "base_mlp_dim",
-  "base_num_decoder_layers",
-  "base_num_query_heads",
-  "base_num_kv_heads",
-  "head_dim",
-  "vocab_size",
-  "normalization_layer_epsilon",
-  "logits_via_embedding",
-  "rope_max_timescale",
-  "rope_type",
-  "rope_scaling_factor",
-  "rope_low_freq_factor",
-  "rope_high_freq_factor",
-  "rope_original_max_position",
-)
-
 
 def check_agrees(cfg, hf):
-  """HFError naming the first model key where the run's config and the checkpoint's config.json differ."""
+  """HFError naming the first model key (config.models.MODEL_KEYS: what a checkpoint's config.json fixes) where the
+  run's config and the checkpoint's config.json differ."""
   for key in MODEL_KEYS:
     if key in hf.keys and hf.keys[key] != getattr(cfg, key):
       raise HFError(

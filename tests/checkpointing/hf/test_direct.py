@@ -77,3 +77,12 @@ def test_a_config_that_disagrees_with_config_json_is_refused(hf_tiny_import):
     pytest.raises(HFError, match="normalization_layer_epsilon=1e-06 but the config has"),
   ):
     direct.check_agrees(cfg, hf)
+
+
+def test_every_model_key_is_checked_against_config_json(hf_tiny_import):
+  """The model keys are config.models.MODEL_KEYS, the activations among them (a Llama checkpoint is SwiGLU)."""
+  gelu = config.load(hf_tiny_import / "config.yml", ["mlp_activations=[gelu,linear]", "override_model_config=true"])
+  with HFCheckpoint(HF_TINY) as hf:
+    direct.check_agrees(config.load(hf_tiny_import / "config.yml"), hf)
+    with pytest.raises(HFError, match="mlp_activations=\\['silu', 'linear'\\] but the config has \\['gelu'"):
+      direct.check_agrees(gelu, hf)
