@@ -18,6 +18,40 @@ class ConfigError(UserError, ValueError):
   """A user mistake in a config file or override: printed as one line, exit code 2."""
 
 
+INT32_MAX = 2**31 - 1  # steps, positions and sizes reach int32 arrays and XLA shapes
+MESH_AXES = ("data", "fsdp", "context", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+  """A numeric key's valid values: low..high, each end closed unless marked open."""
+
+  low: float
+  high: float
+  low_open: bool = False
+  high_open: bool = False
+
+  def __contains__(self, v):
+    return (v > self.low if self.low_open else v >= self.low) and (v < self.high if self.high_open else v <= self.high)
+
+  def describe(self, v):
+    """'> 0', '>= 0', 'at most 2147483647' or 'in [0, 1)': what `v` violates."""
+    if self.high in (INT32_MAX, 2**32 - 1, math.inf) and v > self.low:
+      return f"at most {self.high}"
+    low, high = _number(self.low), _number(self.high)
+    if self.high in (INT32_MAX, math.inf):
+      return "> 0" if self.low == 1 and not self.low_open else f"{'>' if self.low_open else '>='} {low}"
+    return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def _number(x):
+  return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+COUNT, NONNEGATIVE, OR_MINUS_1 = Span(1, INT32_MAX), Span(0, INT32_MAX), Span(-1, INT32_MAX)
+POSITIVE, NONNEGATIVE_REAL, FRACTION = Span(0, math.inf, low_open=True), Span(0, math.inf), Span(0, 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class Key:
   """A config key: its type, default, one-line doc and allowed values. `aliases` are other spellings of a value
@@ -30,18 +64,22 @@ class Key:
   choices: tuple = ()
   aliases: tuple = ()  # ((their value, ours), ...)
   no_effect: str = ""
+  # A numeric key's valid values; None: an int key takes [-INT32_MAX, INT32_MAX], a float any finite value.
+  range: typing.Optional[Span] = None
 
 
 SCHEMA = {
   # -- run
   "run_name": Key(str, "", "name of the run; outputs go to base_output_directory/run_name ('' = timestamp)"),
   "base_output_directory": Key(str, "outputs", "root directory for metrics, TensorBoard events and checkpoints"),
-  "steps": Key(int, 100, "number of optimizer steps to train"),
-  "log_period": Key(int, 10, "flush metrics files (JSONL, TensorBoard) every this many steps"),
-  "seed": Key(int, 0, "seed for parameter init, data and stochastic rounding"),
+  "steps": Key(int, 100, "number of optimizer steps to train", range=COUNT),
+  "log_period": Key(int, 10, "flush metrics files (JSONL, TensorBoard) every this many steps", range=COUNT),
+  "seed": Key(int, 0, "seed for parameter init, data and stochastic rounding", range=Span(0, 2**32 - 1)),
   "dry_run": Key(bool, False, "build the model abstractly, print the summary and memory estimate, exit"),
   "enable_tensorboard": Key(bool, True, "write TensorBoard event files next to the JSONL metrics"),
-  "hardware_memory_gib": Key(float, 0.0, "memory per device for the preflight check (0 = ask the device)"),
+  "hardware_memory_gib": Key(
+    float, 0.0, "memory per device for the preflight check (0 = ask the device)", range=NONNEGATIVE_REAL
+  ),
   "jax_cache_dir": Key(
     str,
     "~/.cache/maxtext_nvfp4/jax",
@@ -53,6 +91,7 @@ SCHEMA = {
     2,
     "batches read and placed on the devices ahead of the step, by a background "
     "thread (0 = read each batch in the loop)",
+    range=NONNEGATIVE,
   ),
   "profiler": Key(
     str,
@@ -62,23 +101,29 @@ SCHEMA = {
     "around them, for nsys profile --capture-range=cudaProfilerApi)",
     ("", "xplane", "nsys"),
   ),
-  "skip_first_n_steps_for_profiler": Key(int, 1, "profile from this step on (skips compilation)"),
-  "profiler_steps": Key(int, 5, "number of steps to profile"),
+  "skip_first_n_steps_for_profiler": Key(int, 1, "profile from this step on (skips compilation)", range=NONNEGATIVE),
+  "profiler_steps": Key(int, 5, "number of steps to profile", range=COUNT),
   # -- batch
-  "per_device_batch_size": Key(float, 1.0, "sequences per device per step (global batch = this x devices)"),
-  "max_target_length": Key(int, 2048, "sequence length in tokens"),
-  "gradient_accumulation_steps": Key(int, 1, "micro-batches accumulated into one optimizer step"),
+  "per_device_batch_size": Key(
+    float, 1.0, "sequences per device per step (global batch = this x devices)", range=Span(0, INT32_MAX, low_open=True)
+  ),
+  "max_target_length": Key(int, 2048, "sequence length in tokens", range=COUNT),
+  "gradient_accumulation_steps": Key(int, 1, "micro-batches accumulated into one optimizer step", range=COUNT),
   # -- optimizer
-  "learning_rate": Key(float, 3e-4, "peak learning rate (AdamW)"),
-  "warmup_steps_fraction": Key(float, 0.1, "linear warmup length as a fraction of the schedule"),
-  "warmup_steps": Key(int, -1, "linear warmup length in steps (-1 = use warmup_steps_fraction)"),
-  "learning_rate_schedule_steps": Key(int, -1, "length of the warmup+cosine schedule (-1 = steps)"),
-  "cosine_learning_rate_final_fraction": Key(float, 0.1, "final learning rate as a fraction of the peak"),
-  "adam_b1": Key(float, 0.9, "AdamW beta1"),
-  "adam_b2": Key(float, 0.95, "AdamW beta2"),
-  "adam_eps": Key(float, 1e-8, "AdamW epsilon"),
-  "adam_weight_decay": Key(float, 0.1, "AdamW decoupled weight decay"),
-  "gradient_clipping_threshold": Key(float, 1.0, "clip gradients to this global norm (0 = off)"),
+  "learning_rate": Key(float, 3e-4, "peak learning rate (AdamW)", range=NONNEGATIVE_REAL),
+  "warmup_steps_fraction": Key(float, 0.1, "linear warmup length as a fraction of the schedule", range=FRACTION),
+  "warmup_steps": Key(int, -1, "linear warmup length in steps (-1 = use warmup_steps_fraction)", range=OR_MINUS_1),
+  "learning_rate_schedule_steps": Key(int, -1, "length of the warmup+cosine schedule (-1 = steps)", range=OR_MINUS_1),
+  "cosine_learning_rate_final_fraction": Key(
+    float, 0.1, "final learning rate as a fraction of the peak", range=FRACTION
+  ),
+  "adam_b1": Key(float, 0.9, "AdamW beta1", range=Span(0, 1, high_open=True)),
+  "adam_b2": Key(float, 0.95, "AdamW beta2", range=Span(0, 1, high_open=True)),
+  "adam_eps": Key(float, 1e-8, "AdamW epsilon", range=POSITIVE),
+  "adam_weight_decay": Key(float, 0.1, "AdamW decoupled weight decay", range=NONNEGATIVE_REAL),
+  "gradient_clipping_threshold": Key(
+    float, 1.0, "clip gradients to this global norm (0 = off)", range=NONNEGATIVE_REAL
+  ),
   "opt_type": Key(
     str,
     "adamw",
@@ -86,7 +131,7 @@ SCHEMA = {
     "into the decay rates, decoupled weight decay) or sgd (optax.sgd: no momentum, no weight decay)",
     ("adamw", "adam_pax", "sgd"),
   ),
-  "adam_eps_root": Key(float, 0.0, "Adam epsilon inside the square root (MaxText's)"),
+  "adam_eps_root": Key(float, 0.0, "Adam epsilon inside the square root (MaxText's)", range=NONNEGATIVE_REAL),
   # -- precision
   "dtype": Key(str, "bfloat16", "activation / compute dtype", ("bfloat16", "float32", "float16")),
   "weight_dtype": Key(str, "float32", "parameter (master weight) dtype", ("float32", "bfloat16")),
@@ -110,9 +155,13 @@ SCHEMA = {
     "recipe of the attention q/k/v/o projections when quantization_scope=mlp ('' = BF16)",
     tuple([""] + recipe_names()),
   ),
-  "quantization_bf16_first_layers": Key(int, 0, "keep this many first decoder layers unquantized (BF16)"),
-  "quantization_bf16_last_layers": Key(int, 0, "keep this many last decoder layers unquantized (BF16)"),
-  "high_precision_from_step": Key(int, -1, "run every GEMM in BF16 from this step on (-1 = never)"),
+  "quantization_bf16_first_layers": Key(
+    int, 0, "keep this many first decoder layers unquantized (BF16)", range=NONNEGATIVE
+  ),
+  "quantization_bf16_last_layers": Key(
+    int, 0, "keep this many last decoder layers unquantized (BF16)", range=NONNEGATIVE
+  ),
+  "high_precision_from_step": Key(int, -1, "run every GEMM in BF16 from this step on (-1 = never)", range=OR_MINUS_1),
   "quantization_backend": Key(
     str,
     "auto",
@@ -164,7 +213,10 @@ SCHEMA = {
     ("none", "high_precision", "dequantized"),
   ),
   "amax_history_len": Key(
-    int, 1024, "FP8 delayed scaling (te_fp8_delayedscaling): steps of amax history per GEMM operand"
+    int,
+    1024,
+    "FP8 delayed scaling (te_fp8_delayedscaling): steps of amax history per GEMM operand",
+    range=COUNT,
   ),
   "amax_compute_algo": Key(
     str, "max", "FP8 delayed scaling: scale from the history's max or its most recent amax", ("max", "most_recent")
@@ -175,6 +227,7 @@ SCHEMA = {
     "every N steps log, per GEMM kind and operand, the relative "
     "quantization error and the fractions of saturated and all-zero (underflowed) "
     "blocks to metrics.jsonl/TensorBoard as quant/<gemm>/<operand>/<stat> (0 = off)",
+    range=NONNEGATIVE,
   ),
   "matmul_precision": Key(
     str,
@@ -204,13 +257,13 @@ SCHEMA = {
     "allow the command line or a YAML to set a named model's model keys to other values (MaxText's rule: refused "
     "otherwise)",
   ),
-  "base_emb_dim": Key(int, 2048, "model (embedding) width"),
-  "base_num_query_heads": Key(int, 16, "attention query heads"),
-  "base_num_kv_heads": Key(int, 8, "attention key/value heads (grouped-query attention)"),
-  "head_dim": Key(int, 128, "width of one attention head"),
-  "base_mlp_dim": Key(int, 7168, "SwiGLU hidden width"),
-  "base_num_decoder_layers": Key(int, 16, "decoder layers"),
-  "vocab_size": Key(int, 32000, "vocabulary size (embedding rows and lm head columns)"),
+  "base_emb_dim": Key(int, 2048, "model (embedding) width", range=COUNT),
+  "base_num_query_heads": Key(int, 16, "attention query heads", range=COUNT),
+  "base_num_kv_heads": Key(int, 8, "attention key/value heads (grouped-query attention)", range=COUNT),
+  "head_dim": Key(int, 128, "width of one attention head", range=COUNT),
+  "base_mlp_dim": Key(int, 7168, "SwiGLU hidden width", range=COUNT),
+  "base_num_decoder_layers": Key(int, 16, "decoder layers", range=COUNT),
+  "vocab_size": Key(int, 32000, "vocabulary size (embedding rows and lm head columns)", range=COUNT),
   "logits_via_embedding": Key(
     bool,
     False,
@@ -226,13 +279,13 @@ SCHEMA = {
     "layers/mlp/gate_up): NVFP4 quantizes them with one global scale, as serving engines' fused gate_up_proj reads "
     "them (to-hf --nvfp4 then writes the training forward's codes exactly)",
   ),
-  "normalization_layer_epsilon": Key(float, 1e-5, "RMSNorm epsilon"),
-  "rope_max_timescale": Key(float, 500000.0, "RoPE base (theta)"),
+  "normalization_layer_epsilon": Key(float, 1e-5, "RMSNorm epsilon", range=POSITIVE),
+  "rope_max_timescale": Key(float, 500000.0, "RoPE base (theta)", range=POSITIVE),
   "rope_type": Key(str, "default", "RoPE frequencies: default, or llama3.1 scaling", ("default", "llama3.1")),
-  "rope_scaling_factor": Key(float, 8.0, "llama3.1 RoPE: scale factor"),
-  "rope_low_freq_factor": Key(float, 1.0, "llama3.1 RoPE: low-frequency factor"),
-  "rope_high_freq_factor": Key(float, 4.0, "llama3.1 RoPE: high-frequency factor"),
-  "rope_original_max_position": Key(int, 8192, "llama3.1 RoPE: original context length"),
+  "rope_scaling_factor": Key(float, 8.0, "llama3.1 RoPE: scale factor", range=POSITIVE),
+  "rope_low_freq_factor": Key(float, 1.0, "llama3.1 RoPE: low-frequency factor", range=POSITIVE),
+  "rope_high_freq_factor": Key(float, 4.0, "llama3.1 RoPE: high-frequency factor", range=POSITIVE),
+  "rope_original_max_position": Key(int, 8192, "llama3.1 RoPE: original context length", range=COUNT),
   "scan_layers": Key(bool, True, "run the decoder layers with lax.scan (one compiled layer)"),
   "remat_policy": Key(
     str,
@@ -263,6 +316,7 @@ SCHEMA = {
     "compute the lm head and its cross-entropy in this many tiles of the sequence, "
     "gradients included, so the [tokens, vocab] f32 logits are never whole in memory "
     "(1 = off; must divide max_target_length)",
+    range=COUNT,
   ),
   # -- distribution
   "hardware": Key(
@@ -273,22 +327,29 @@ SCHEMA = {
     "process per GPU, Slurm detected)",
     ("cpu", "gpu", "gpu_multiprocess"),
   ),
-  "jax_distributed_initialization_timeout": Key(int, 300, "seconds to wait for all processes to join"),
+  "jax_distributed_initialization_timeout": Key(int, 300, "seconds to wait for all processes to join", range=COUNT),
   "jax_distributed_heartbeat_timeout_seconds": Key(
     int,
     30,
     "multi-process: seconds without a heartbeat after which every other process names the lost process in one "
     "line and exits 75 (rerun to resume)",
+    range=COUNT,
   ),
   **{
     f"ici_{axis}_parallelism": Key(
-      int, -1 if axis == "fsdp" else 1, f"{axis} parallelism within a node (-1 = the remaining devices)"
+      int,
+      -1 if axis == "fsdp" else 1,
+      f"{axis} parallelism within a node (-1 = the remaining devices)",
+      range=OR_MINUS_1,
     )
     for axis in ("data", "fsdp", "context", "tensor")
   },
   **{
     f"dcn_{axis}_parallelism": Key(
-      int, -1 if axis == "data" else 1, f"{axis} parallelism across nodes/processes (-1 = the remaining processes)"
+      int,
+      -1 if axis == "data" else 1,
+      f"{axis} parallelism across nodes/processes (-1 = the remaining processes)",
+      range=OR_MINUS_1,
     )
     for axis in ("data", "fsdp", "context", "tensor")
   },
@@ -299,7 +360,9 @@ SCHEMA = {
     "10% headroom for XLA workspace, NCCL buffers and fragmentation ('' = the local device)",
     ("", "h100", "h200", "b200", "gb200", "b300", "gb300"),
   ),
-  "num_devices": Key(int, 0, "dry_run: the device count to plan for (0 = the ici/dcn product, else local)"),
+  "num_devices": Key(
+    int, 0, "dry_run: the device count to plan for (0 = the ici/dcn product, else local)", range=NONNEGATIVE
+  ),
   # -- ahead-of-time compilation for a GPU target (python -m MaxText.train_compile; dry_run)
   "compile_topology": Key(
     str,
@@ -308,7 +371,7 @@ SCHEMA = {
     "(N GPUs in one NVLink domain) or a3 (= h100-8); dry_run and train_compile report its compiled memory ('' = "
     "none; dry_run then compiles for the local GPUs, if any)",
   ),
-  "compile_topology_num_slices": Key(int, 1, "NVLink domains (hosts, for HGX) of compile_topology"),
+  "compile_topology_num_slices": Key(int, 1, "NVLink domains (hosts, for HGX) of compile_topology", range=COUNT),
   "compile_report": Key(str, "", "train_compile: write the JSON report here ('' = none)"),
   "compile_hlo": Key(str, "", "train_compile: write the compiled step's optimized HLO text here ('' = none)"),
   # -- data
@@ -333,6 +396,7 @@ SCHEMA = {
     0,
     "grain/tfds: worker processes reading the training data, each its own share "
     "of the documents (0 = read in the training process; eval always reads there)",
+    range=Span(0, 1024),
   ),
   "packing": Key(
     bool,
@@ -342,13 +406,22 @@ SCHEMA = {
     "never packed",
   ),
   "max_segments_per_seq": Key(
-    int, -1, "grain/tfds/hf packing: at most this many documents in one row (-1 = as many as fit; MaxText's)"
+    int,
+    -1,
+    "grain/tfds/hf packing: at most this many documents in one row (-1 = as many as fit; MaxText's)",
+    range=OR_MINUS_1,
   ),
   "reuse_example_batch": Key(
-    int, 0, "read the first batch once and train on it every step (performance testing; MaxText's; 0 = off)"
+    int,
+    0,
+    "read the first batch once and train on it every step (performance testing; MaxText's; 0 = off)",
+    range=NONNEGATIVE,
   ),
   "grain_max_pieces_per_document": Key(
-    int, 4096, "grain/tfds: a document longer than this many sequences of max_target_length is an error naming it"
+    int,
+    4096,
+    "grain/tfds: a document longer than this many sequences of max_target_length is an error naming it",
+    range=COUNT,
   ),
   "dataset_path": Key(str, "", "tfds: the data_dir holding <dataset_name>/<version>/"),
   "dataset_name": Key(str, "", "tfds: dataset name"),
@@ -382,9 +455,12 @@ SCHEMA = {
   "hf_access_token": Key(str, "", "hf: a Hub token for gated datasets ('' = $HF_TOKEN or none)"),
   "train_data_columns": Key(list, ["text"], "hf: the column holding each document's text (one column)"),
   "eval_interval": Key(
-    int, 0, "evaluate every this many steps and at the end (0 or -1 = never; MaxText's default is -1)"
+    int,
+    0,
+    "evaluate every this many steps and at the end (0 or -1 = never; MaxText's default is -1)",
+    range=OR_MINUS_1,
   ),
-  "eval_steps": Key(int, 10, "batches per evaluation (fewer if the eval split runs out)"),
+  "eval_steps": Key(int, 10, "batches per evaluation (fewer if the eval split runs out)", range=COUNT),
   # -- checkpoints
   "enable_checkpointing": Key(
     bool,
@@ -392,8 +468,10 @@ SCHEMA = {
     "save Orbax checkpoints under base_output_directory/run_name/checkpoints and resume from the latest one when rerun",
   ),
   "async_checkpointing": Key(bool, True, "write checkpoints in the background while training goes on"),
-  "checkpoint_period": Key(int, 100, "save every this many steps (and when training ends or is preempted)"),
-  "max_num_checkpoints_to_keep": Key(int, 3, "keep the newest this many checkpoints (0 = all)"),
+  "checkpoint_period": Key(
+    int, 100, "save every this many steps (and when training ends or is preempted)", range=COUNT
+  ),
+  "max_num_checkpoints_to_keep": Key(int, 3, "keep the newest this many checkpoints (0 = all)", range=NONNEGATIVE),
   "load_parameters_path": Key(
     str,
     "",
@@ -423,7 +501,10 @@ SCHEMA = {
     "completion_ids, completion, prefill and decode tokens/s)",
   ),
   "max_prefill_predict_length": Key(
-    int, 64, "decode: the longest prompt in tokens; prompts are prefilled at once, padded to this length"
+    int,
+    64,
+    "decode: the longest prompt in tokens; prompts are prefilled at once, padded to this length",
+    range=COUNT,
   ),
   "decode_sampling_strategy": Key(
     str,
@@ -433,8 +514,8 @@ SCHEMA = {
     "holding decode_sampling_nucleus_p of the probability)",
     ("greedy", "weighted", "topk", "nucleus"),
   ),
-  "decode_sampling_temperature": Key(float, 1.0, "decode: logits are divided by this before sampling"),
-  "decode_sampling_top_k": Key(int, 0, "decode: k of decode_sampling_strategy=topk"),
+  "decode_sampling_temperature": Key(float, 1.0, "decode: logits are divided by this before sampling", range=POSITIVE),
+  "decode_sampling_top_k": Key(int, 0, "decode: k of decode_sampling_strategy=topk", range=NONNEGATIVE),
   "decode_sampling_nucleus_p": Key(float, -1.0, "decode: p of decode_sampling_strategy=nucleus, in (0, 1]"),
   # -- MaxText's keys that do nothing here: accepted, and a value other than the default is one warning line
   "use_iota_embed": Key(
@@ -481,117 +562,10 @@ SCHEMA = {
     bool, False, "MaxText's dropout switch", no_effect="the Llama models here have no dropout (MaxText's set it false)"
   ),
 }
+# Every numeric key's range, read off the schema (Key.range).
+RANGES = {name: key.range for name, key in SCHEMA.items() if key.range is not None}
 
 
-INT32_MAX = 2**31 - 1  # steps, positions and sizes reach int32 arrays and XLA shapes
-MESH_AXES = ("data", "fsdp", "context", "tensor")
-
-
-@dataclasses.dataclass(frozen=True)
-class Span:
-  """A numeric key's valid values: low..high, each end closed unless marked open."""
-
-  low: float
-  high: float
-  low_open: bool = False
-  high_open: bool = False
-
-  def __contains__(self, v):
-    return (v > self.low if self.low_open else v >= self.low) and (v < self.high if self.high_open else v <= self.high)
-
-  def describe(self, v):
-    """'> 0', '>= 0', 'at most 2147483647' or 'in [0, 1)': what `v` violates."""
-    if self.high in (INT32_MAX, 2**32 - 1, math.inf) and v > self.low:
-      return f"at most {self.high}"
-    low, high = _number(self.low), _number(self.high)
-    if self.high in (INT32_MAX, math.inf):
-      return "> 0" if self.low == 1 and not self.low_open else f"{'>' if self.low_open else '>='} {low}"
-    return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
-
-
-def _number(x):
-  return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
-_COUNT, _NONNEGATIVE, _OR_MINUS_1 = Span(1, INT32_MAX), Span(0, INT32_MAX), Span(-1, INT32_MAX)
-_POSITIVE, _NONNEGATIVE_REAL, _FRACTION = Span(0, math.inf, low_open=True), Span(0, math.inf), Span(0, 1)
-# Every numeric key's range; unlisted int keys take [-INT32_MAX, INT32_MAX], unlisted floats any finite value.
-RANGES = {
-  **{
-    n: _COUNT
-    for n in (
-      "steps",
-      "log_period",
-      "profiler_steps",
-      "max_target_length",
-      "gradient_accumulation_steps",
-      "amax_history_len",
-      "base_emb_dim",
-      "base_num_query_heads",
-      "base_num_kv_heads",
-      "head_dim",
-      "base_mlp_dim",
-      "base_num_decoder_layers",
-      "vocab_size",
-      "rope_original_max_position",
-      "jax_distributed_initialization_timeout",
-      "jax_distributed_heartbeat_timeout_seconds",
-      "grain_max_pieces_per_document",
-      "eval_steps",
-      "checkpoint_period",
-      "compile_topology_num_slices",
-      "num_vocab_tiling",
-      "max_prefill_predict_length",
-    )
-  },
-  **{
-    n: _NONNEGATIVE
-    for n in (
-      "skip_first_n_steps_for_profiler",
-      "quantization_bf16_first_layers",
-      "quantization_bf16_last_layers",
-      "quantization_stats_period",
-      "num_devices",
-      "reuse_example_batch",
-      "max_num_checkpoints_to_keep",
-      "data_prefetch_depth",
-      "decode_sampling_top_k",
-    )
-  },
-  **{
-    n: _OR_MINUS_1
-    for n in (
-      "warmup_steps",
-      "learning_rate_schedule_steps",
-      "high_precision_from_step",
-      "eval_interval",
-      "max_segments_per_seq",
-    )
-  },
-  **{f"{k}_{a}_parallelism": _OR_MINUS_1 for k in ("ici", "dcn") for a in MESH_AXES},
-  "seed": Span(0, 2**32 - 1),  # grain's shuffle and numpy's generators take unsigned 32-bit seeds
-  "grain_worker_count": Span(0, 1024),  # processes
-  **{
-    n: _NONNEGATIVE_REAL
-    for n in ("hardware_memory_gib", "learning_rate", "adam_weight_decay", "gradient_clipping_threshold")
-  },
-  **{n: _FRACTION for n in ("warmup_steps_fraction", "cosine_learning_rate_final_fraction")},
-  **{n: Span(0, 1, high_open=True) for n in ("adam_b1", "adam_b2")},
-  **{
-    n: _POSITIVE
-    for n in (
-      "adam_eps",
-      "normalization_layer_epsilon",
-      "rope_max_timescale",
-      "rope_scaling_factor",
-      "rope_low_freq_factor",
-      "rope_high_freq_factor",
-      "decode_sampling_temperature",
-    )
-  },
-  "adam_eps_root": _NONNEGATIVE_REAL,
-  "per_device_batch_size": Span(0, INT32_MAX, low_open=True),
-}
 # Paths get ~ and $VARIABLES expanded as a shell would and are made absolute against the directory the command was
 # started in, once, when the config is loaded: nothing later (a subprocess, Orbax, a data worker) can read them
 # against another directory.

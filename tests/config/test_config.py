@@ -103,11 +103,13 @@ def test_override_errors(override, message):
 
 
 def test_every_default_is_in_its_range():
-  """RANGES can't be wrong about a value the schema itself uses; unlisted numeric keys get the int32 / finite bound."""
+  """A Key's range can't be wrong about a value the schema itself uses; numeric keys without one get the int32 /
+  finite bound; only numeric keys have one."""
   for name, key in config.SCHEMA.items():
     if key.type in (int, float):
       schema.check_number(name, key.default, "SCHEMA")
-  assert not set(config.RANGES) - set(config.SCHEMA), "RANGES names a key the schema lacks"
+  assert all(config.SCHEMA[name].type in (int, float) for name in config.RANGES), "a range on a non-numeric key"
+  assert config.RANGES["steps"] is config.SCHEMA["steps"].range == schema.COUNT
 
 
 def test_only_the_winning_value_is_checked(tmp_path):
