@@ -26,7 +26,7 @@ from MaxText.runtime import sharding
 DEFAULT_BATCHES = 32
 
 
-class AmaxRecorder:
+class AmaxRecorder(backends.Backend):
   """A backend for one (layer, gemm): `sink[(layer, gemm)]` becomes the max |x| over its calls (NaN sticks), then
   the GEMM runs on the backend `choice` resolves to."""
 
@@ -43,9 +43,9 @@ class AmaxRecorder:
     if old is None or amax != amax or amax > old:
       self.sink[self.key] = old if old is not None and old != old else amax
 
-  def matmul(self, x_MxK, w_KxN, recipe, *, key, kernels):
-    jax.debug.callback(self._record, grids.abs_max(x_MxK.astype(jnp.float32)))
-    return backends.resolve(recipe, self.choice).matmul(x_MxK, w_KxN, recipe, key=key, kernels=kernels)
+  def dense(self, x, w, recipe, **options):
+    jax.debug.callback(self._record, grids.abs_max(x.astype(jnp.float32)))
+    return backends.resolve(recipe, self.choice).dense(x, w, recipe, **options)
 
 
 def recording_ranges(plan, sink):

@@ -2,9 +2,10 @@
 operand, and the collectives are the BF16 step's, on the quantized operands.
 
 y [*rows, *out] = x [*rows, K] . w [K, *out], with `GemmAxes` saying which mesh axes split each dimension (the caller's
-logical axis rules, passed in: this library knows no trainer). Under `shard_map`, per device:
+logical axis rules, passed in: this library knows no trainer). The GEMMs are gemms.py's, the one-device GEMMs' own
+code: under `shard_map` each device runs gemms.forward and gemms.backward on its blocks through a `MeshShards`:
   forward   x and w quantized where they lie (block scales from the shard's own blocks: shard boundaries fall on block
-            boundaries, `check_blocks`; a per-tensor amax is one scalar all-reduce); the quantized w all-gathered over
+            boundaries, `_check_blocks`; a per-tensor amax is one scalar all-reduce); the quantized w all-gathered over
             the axes that split it but not x (FSDP: what the BF16 step gathers, in bf16 or narrower); the local GEMM,
             summed over the axes that split K (tensor-parallel row GEMMs).
   backward  dy quantized where it lies, with the stochastic-rounding draws of its elements in the whole dy (`draws`);
@@ -24,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from MaxText.quantization.backends.base import backward_in_compute_dtype, name_for_remat, split_grad_keys
+from MaxText.quantization import gemms
+from MaxText.quantization.gemms import name_for_remat
 from MaxText.quantization.errors import QuantizationError
 from MaxText.quantization.kernels import quantizer_impl, threefry
 from MaxText.quantization.recipes import Recipe
@@ -150,13 +152,11 @@ def check_key(key):
 class _Static(typing.NamedTuple):
   """What the partitioned GEMM's custom_vjp keeps static (hashable)."""
 
-  recipe: Recipe
-  w_dtype: typing.Any
-  backend: typing.Any
-  kernels: typing.Any
+  gemm: gemms.Static
   axes: GemmAxes
   mesh: typing.Any
   rows_shape: tuple  # global leading dimensions of x
+  k: int  # the global contraction
   out_shape: tuple  # global output dimensions of w
 
 
@@ -191,67 +191,74 @@ def _gather_operand(q, lead_axes, lead_shape, col_axes, mesh):
   return dataclasses.replace(q, values=gather(q.values), scales=gather(q.scales))
 
 
-def _local_shapes(static: _Static):
-  """(local rows dims, local K of x, local K of w, local out dims of w, local out dims of y)."""
-  mesh, axes = static.mesh, static.axes
-  rows = tuple(n // _sizes(mesh, a) for n, a in zip(static.rows_shape, axes.rows))
-  out_w = tuple(n // _sizes(mesh, a) for n, a in zip(static.out_shape, axes.w_out))
-  out_y = tuple(n // _sizes(mesh, a) for n, a in zip(static.out_shape, axes.y_out))
-  return rows, out_w, out_y
+class MeshShards(gemms.Shards):
+  """One device's blocks of x [*rows, K], w [K, *out] and dy [*rows, *out] inside shard_map (flattened to x [M, K],
+  w [K, N], dy [M, N] for the GEMMs): each operand quantized where it lies, as a shard of the whole (its amax the
+  largest over the axes that split it, its stochastic-rounding draws its elements' in the whole operand), w gathered
+  quantized over the axes that split it but not x, partial sums reduced as the BF16 step reduces them."""
 
+  def __init__(self, static: _Static):
+    mesh, axes = static.mesh, static.axes
+    self.mesh, self.axes, self.static = mesh, axes, static
+    self.rows = tuple(n // _sizes(mesh, a) for n, a in zip(static.rows_shape, axes.rows))
+    self.k_x, self.k_w = static.k // _sizes(mesh, axes.x_k), static.k // _sizes(mesh, axes.w_k)
+    self.out_w = tuple(n // _sizes(mesh, a) for n, a in zip(static.out_shape, axes.w_out))
+    self.out_y = tuple(n // _sizes(mesh, a) for n, a in zip(static.out_shape, axes.y_out))
+    self.gather_out = tuple(_minor_suffix(y, w, "y's output") for y, w in zip(axes.y_out, axes.w_out))
+    self.gather_k = _minor_suffix(axes.x_k, axes.w_k, "x's contraction")
+    self.splits_k = bool(axes.x_k) and _sizes(mesh, axes.x_k) > 1
 
-def _quantize(static: _Static, a, role, operand, key=None, transpose=False, draw_dims=None):
-  """One operand of this device quantized as the whole operand's shard: amax over the operand's axes, SR draws of its
-  elements in the whole operand (`draw_dims`: (row dims' axes and local sizes, column dims' axes and sizes))."""
-  recipe = static.recipe
-  extra = {}
-  if key is not None and recipe.stochastic_rounding(role):
-    (row_dims, row_axes), (col_dims, col_axes) = draw_dims
-    rows = global_indices(static.mesh, row_dims, row_axes)
-    cols = global_indices(static.mesh, col_dims, col_axes)
-    global_shape = (
-      math.prod(n * _sizes(static.mesh, ax) for n, ax in zip(row_dims, row_axes)),
-      math.prod(n * _sizes(static.mesh, ax) for n, ax in zip(col_dims, col_axes)),
+  def _dims(self, source):
+    """((local sizes, mesh axes) of the row dims, the same of the column dims) of an operand's block."""
+    axes = self.axes
+    return {
+      "x": ((self.rows, axes.rows), ((self.k_x,), (axes.x_k,))),
+      "w": (((self.k_w,), (axes.w_k,)), (self.out_w, axes.w_out)),
+      "dy": ((self.rows, axes.rows), (self.out_y, axes.y_out)),
+    }[source]
+
+  def quantize(self, static: gemms.Static, a, role, key=None):
+    source, transpose = gemms.OPERANDS[role]
+    extra = {}
+    if key is not None and static.recipe.stochastic_rounding(role):
+      row_dims, col_dims = self._dims(source)[::-1] if transpose else self._dims(source)
+      extra["draws"] = _block_draws(self.mesh, key, row_dims, col_dims)
+    amax_axes = self.axes.operand_axes(source)
+    return static.backend.quantize(
+      a, static.recipe, role, key, kernels=static.kernels, transpose=transpose, amax_axes=amax_axes, **extra
     )
-    extra["draws"] = draws(key, global_shape, rows, cols)
-  return static.backend.quantize(
-    a,
-    recipe,
-    role,
-    key,
-    kernels=static.kernels,
-    transpose=transpose,
-    amax_axes=static.axes.operand_axes(operand),
-    **extra,
-  )
+
+  def gather(self, w_op, role):
+    if role == "w":  # w^T [N, K]
+      return _gather_operand(w_op, self.gather_out, self.out_w, self.gather_k, self.mesh)
+    return _gather_t(w_op, self.gather_k, self.gather_out, self.out_w, self.mesh)
+
+  def gather_input(self, w_KxN):
+    w_full = _gather(w_KxN.reshape(w_KxN.shape[0], *self.out_w), (self.gather_k, *self.gather_out), self.mesh)
+    return w_full.reshape(w_full.shape[0], -1)
+
+  def sum_k(self, y_MxN):
+    return jax.lax.psum(y_MxN, self.axes.x_k) if self.splits_k else y_MxN  # a row GEMM's partial sums, in f32
+
+  def sum_dx(self, dx_MxK):
+    if any(_sizes(self.mesh, a) > 1 for a in self.axes.y_out):
+      return jax.lax.psum(dx_MxK, tuple(a for ax in self.axes.y_out for a in ax))  # a column GEMM's dgrad sums
+    return dx_MxK
+
+  def reduce_dw(self, dw_KxN):
+    return _scatter_to_kernel(dw_KxN, self.static, self.k_x, self.out_y)
 
 
-def _forward_local(static: _Static, x_l, w_l, key):
-  """Per device: (y's block, residuals): x and w quantized where they lie, w gathered quantized, the local GEMM."""
-  recipe, backend, mesh, axes = static.recipe, static.backend, static.mesh, static.axes
-  rows_l, out_w, out_y = _local_shapes(static)
-  x_MxK = x_l.reshape(-1, x_l.shape[-1])
-  w_KxN = w_l.reshape(w_l.shape[0], -1)
-  x_op = _quantize(static, x_MxK, "x", "x")
-  w_op = _quantize(static, w_KxN, "w", "w", transpose=True)  # w^T [N, K]
-  gather_out = tuple(_minor_suffix(y, w, "y's output") for y, w in zip(axes.y_out, axes.w_out))
-  gather_k = _minor_suffix(axes.x_k, axes.w_k, "x's contraction")
-  w_full = _gather_operand(w_op, gather_out, out_w, gather_k, mesh)
-  split_k = bool(axes.x_k) and _sizes(mesh, axes.x_k) > 1
-  # Emitted in the compute dtype where nothing sums it first (the xla backend's dot writes bf16, as on one device).
-  y_MxN = backend.gemm(x_op, w_full, recipe, jnp.float32 if split_k else x_l.dtype)
-  if split_k:
-    y_MxN = jax.lax.psum(y_MxN, axes.x_k)  # a row GEMM's partial sums (f32, as the BF16 step reduces them)
-  y = y_MxN.astype(x_l.dtype).reshape(*rows_l, *out_y)
-  # Kept for the backward: the gathered weight (its dgrad operand where the transpose has the same numbers, as the
-  # BF16 step keeps its gathered weight: a remat policy that doesn't save it gathers it once more, not twice).
-  if recipe.backward_override == "dequantized":
-    return y, (x_op, w_full)
-  kept = (
-    x_op.T if recipe.quantized_backward and recipe.shares_transpose("x") else None,
-    w_full.T if recipe.quantized_backward and recipe.shares_transpose("w") else None,
+def _block_draws(mesh, key, row_dims, col_dims):
+  """The SR draws of a block whose row and column dimensions (local sizes, mesh axes per dimension) are given: its
+  elements' draws in the whole operand."""
+  (row_sizes, row_axes), (col_sizes, col_axes) = row_dims, col_dims
+  rows, cols = global_indices(mesh, row_sizes, row_axes), global_indices(mesh, col_sizes, col_axes)
+  global_shape = (
+    math.prod(n * _sizes(mesh, ax) for n, ax in zip(row_sizes, row_axes)),
+    math.prod(n * _sizes(mesh, ax) for n, ax in zip(col_sizes, col_axes)),
   )
-  return y, kept
+  return draws(key, global_shape, rows, cols)
 
 
 def _scatter_to_kernel(dw_KxN, static: _Static, k_l, out_y):
@@ -278,46 +285,6 @@ def _scatter_to_kernel(dw_KxN, static: _Static, k_l, out_y):
   if rest:
     dw = jax.lax.psum(dw, rest)
   return dw
-
-
-def _backward_local(static: _Static, x_l, w_l, key, kept, dy_l):
-  """Per device: (dx's block, dw's shard)."""
-  recipe, backend, mesh, axes = static.recipe, static.backend, static.mesh, static.axes
-  rows_l, out_w, out_y = _local_shapes(static)
-  x_MxK = x_l.reshape(-1, x_l.shape[-1])
-  dy_MxN = dy_l.reshape(x_MxK.shape[0], -1)
-  dtype = dy_l.dtype
-  gather_out = tuple(_minor_suffix(y, w, "y's output") for y, w in zip(axes.y_out, axes.w_out))
-  gather_k = _minor_suffix(axes.x_k, axes.w_k, "x's contraction")
-  k_dgrad, k_wgrad = split_grad_keys(key)
-  dy_dims = ((rows_l, axes.rows), (out_y, axes.y_out))
-  if recipe.backward_override != "none":  # dgrad and wgrad in the compute dtype, as one device's (base.py)
-    if recipe.backward_override == "dequantized":
-      residuals = (*kept, None)  # the forward's quantized x and gathered w^T
-    else:
-      w_full = _gather(w_l.reshape(w_l.shape[0], *out_w), (gather_k, *gather_out), mesh)
-      residuals = (x_MxK, w_full.reshape(w_full.shape[0], -1), None)
-    dx, dw, _ = backward_in_compute_dtype(recipe, dtype, backend, residuals, dy_MxN)
-  else:
-    x_t_kept, w_t_kept = kept
-    dy_op = _quantize(static, dy_MxN, "dy", "dy", key=k_dgrad, draw_dims=dy_dims)
-    w_KxN = w_l.reshape(w_l.shape[0], -1)
-    if w_t_kept is not None:  # the forward's gathered weight, transposed
-      w_t_full = w_t_kept
-    else:
-      w_t_full = _gather_t(_quantize(static, w_KxN, "w_t", "w"), gather_k, gather_out, out_w, mesh)  # [K, N]
-    dx = backend.gemm(dy_op, w_t_full, recipe, dtype).astype(dtype)
-    x_t_op = x_t_kept if x_t_kept is not None else _quantize(static, x_MxK, "x_t", "x", transpose=True)
-    if recipe.shares_transpose("dy"):
-      dy_t_op = dy_op.T
-    else:
-      dy_t_dims = (dy_dims[1], dy_dims[0])
-      dy_t_op = _quantize(static, dy_MxN, "dy_t", "dy", key=k_wgrad, transpose=True, draw_dims=dy_t_dims)
-    dw = backend.gemm(x_t_op, dy_t_op, recipe, dtype).astype(dtype)  # rounded like TE's GEMM output (and BF16's)
-  if any(_sizes(mesh, a) > 1 for a in axes.y_out):
-    dx = jax.lax.psum(dx, tuple(a for ax in axes.y_out for a in ax))  # a column GEMM's dgrad partial sums
-  dw = _scatter_to_kernel(dw, static, x_MxK.shape[1], out_y)
-  return dx.reshape(x_l.shape), dw.astype(static.w_dtype).reshape(w_l.shape)
 
 
 def _gather_t(w_t_op, gather_k, gather_out, out_w, mesh):
@@ -348,52 +315,67 @@ def _every_axis(mesh):
   return P(tuple(mesh.axis_names))
 
 
+def _forward_local(static: _Static, x_l, w_l):
+  """Per device: (y's block, the kept quantized operands, stacked)."""
+  shards = MeshShards(static)
+  y_MxN, kept = gemms.forward(shards, static.gemm, x_l.reshape(-1, x_l.shape[-1]), w_l.reshape(w_l.shape[0], -1))
+  return y_MxN.reshape(*shards.rows, *shards.out_y), _stack(kept)
+
+
+def _backward_local(static: _Static, inputs_l, kept_l, key_data, dy_l):
+  """Per device: (dx's block, dw's shard)."""
+  shards = MeshShards(static)
+  x_l, w_l = inputs_l
+  inputs = (
+    None if x_l is None else x_l.reshape(-1, x_l.shape[-1]),
+    None if w_l is None else w_l.reshape(w_l.shape[0], -1),
+  )
+  dy_MxN = dy_l.reshape(math.prod(shards.rows), -1)
+  dx, dw = gemms.backward(shards, static.gemm, inputs, _unstack(kept_l), _wrap(key_data), dy_MxN)
+  return dx.reshape(*shards.rows, shards.k_x), dw.reshape(shards.k_w, *shards.out_w)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _pmatmul(x, w, key_data, static: _Static):
-  return _forward_program(static, x, w, key_data)[0]
+def _pdense(x, w, key_data, static: _Static):
+  return _forward_program(static, x, w)[0]
 
 
-def _forward_program(static: _Static, x, w, key_data):
-  """The forward's shard_map: (y, the residual quantized shards, stacked per device)."""
+def _forward_program(static: _Static, x, w):
+  """The forward's shard_map: (y, the kept quantized shards, stacked per device)."""
   axes, mesh = static.axes, static.mesh
-
-  def local(x_l, w_l, k):
-    y, kept = _forward_local(static, x_l, w_l, _wrap(k))
-    return y, _stack(kept)
-
   return jax.shard_map(
-    local,
+    functools.partial(_forward_local, static),
     mesh=mesh,
-    in_specs=(axes.x_spec, axes.w_spec, P()),
+    in_specs=(axes.x_spec, axes.w_spec),
     out_specs=(axes.y_spec, _every_axis(mesh)),
     check_vma=False,
-  )(x, w, key_data)
+  )(x, w)
 
 
-def _pmatmul_fwd(x, w, key_data, static: _Static):
-  _check_blocks(static.recipe, static.axes, static.mesh, x.shape, w.shape, backward=True)  # traced when differentiated
-  y, kept = _forward_program(static, x, w, key_data)
-  return y, (x, w, key_data, name_for_remat(kept))
+def _pdense_fwd(x, w, key_data, static: _Static):
+  recipe = static.gemm.recipe
+  _check_blocks(recipe, static.axes, static.mesh, x.shape, w.shape, backward=True)  # traced when differentiated
+  y, kept = _forward_program(static, x, w)
+  # The inputs the backward reads, and the kept quantized operands named (a remat policy can keep them). The kept w
+  # is the forward's gathered weight, as the BF16 step keeps its gathered weight: a remat policy that doesn't save
+  # it gathers it once more, not twice.
+  return y, (gemms.kept_inputs(static.gemm, x, w), name_for_remat(kept), key_data)
 
 
-def _pmatmul_bwd(static: _Static, residuals, dy):
-  x, w, key_data, kept = residuals
+def _pdense_bwd(static: _Static, residuals, dy):
+  inputs, kept, key_data = residuals
   axes, mesh = static.axes, static.mesh
-
-  def local(x_l, w_l, k, kept_l, dy_l):
-    return _backward_local(static, x_l, w_l, _wrap(k), _unstack(kept_l), dy_l)
-
   dx, dw = jax.shard_map(
-    local,
+    functools.partial(_backward_local, static),
     mesh=mesh,
-    in_specs=(axes.x_spec, axes.w_spec, P(), _every_axis(mesh), axes.y_spec),
+    in_specs=((axes.x_spec, axes.w_spec), _every_axis(mesh), P(), axes.y_spec),
     out_specs=(axes.x_spec, axes.w_spec),
     check_vma=False,
-  )(x, w, key_data, kept, dy)
+  )(inputs, kept, key_data, dy)
   return dx, dw, None
 
 
-_pmatmul.defvjp(_pmatmul_fwd, _pmatmul_bwd)
+_pdense.defvjp(_pdense_fwd, _pdense_bwd)
 
 
 def _check_divisible(what, shape, dim_axes, mesh):
@@ -454,10 +436,10 @@ def active(axes, mesh=None):
   return any(mesh.shape.get(a, 1) > 1 for a in named)
 
 
-def qdense(x, w, recipe: Recipe, backend, *, key, kernels, axes: GemmAxes, mesh=None):
-  """y [*rows, *out] = x [*rows, K] . w [K, *out] per `recipe` on an operand backend (emulated, xla), partitioned
-  over `mesh` (default: the current one, jax.set_mesh) by `axes`; differentiable with the recipe's backward, the
-  same quantized bits as one device computing the whole GEMM."""
+def dense(x, w, recipe: Recipe, backend, *, key, kernels, axes: GemmAxes, mesh=None):
+  """y [*rows, *out] = x [*rows, K] . w [K, *out] with `recipe`'s three GEMMs (gemms.py) on `backend`'s quantizers and
+  GEMM, partitioned over `mesh` (default: the current one, jax.set_mesh) by `axes`; differentiable, the same quantized
+  bits as one device computing the whole GEMM."""
   mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
   if len(axes.rows) != x.ndim - 1 or len(axes.w_out) != w.ndim - 1 or len(axes.y_out) != w.ndim - 1:
     raise PartitionError(f"partitioned quantized GEMM: axes {axes} don't match x {x.shape} and w {w.shape}")
@@ -467,7 +449,6 @@ def qdense(x, w, recipe: Recipe, backend, *, key, kernels, axes: GemmAxes, mesh=
   _check_blocks(recipe, axes, mesh, x.shape, w.shape)
   if recipe.needs_rng:
     check_key(key)
-  static = _Static(
-    recipe, jnp.dtype(w.dtype), backend, per_shard_kernels(kernels), axes, mesh, x.shape[:-1], w.shape[1:]
-  )
-  return _pmatmul(x, w, _key_data(key), static)
+  gemm = gemms.Static(recipe, backend, per_shard_kernels(kernels), jnp.dtype(w.dtype))
+  static = _Static(gemm, axes, mesh, tuple(x.shape[:-1]), w.shape[0], tuple(w.shape[1:]))
+  return _pdense(x, w, _key_data(key), static)

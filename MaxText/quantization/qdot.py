@@ -1,16 +1,16 @@
-"""The quantized matmul: y = x . w per a recipe, on the backend the recipe resolves to, differentiable with the
-recipe's backward (fprop, dgrad and wgrad GEMMs: backends/base.py), plus optional quantization telemetry."""
+"""The quantized Dense: y = x . w per a recipe, on the backend the request resolves to (once), differentiable with
+the recipe's forward and backward GEMMs, over N-D operands on any mesh (one device being the trivial one); the
+options are the call's: partitioning (the mesh axes of each dimension), delayed scaling's amax history, telemetry."""
 
 import functools
 
 import jax
 import jax.numpy as jnp
 
-from MaxText.quantization import backends
-from MaxText.quantization import partition as partition_lib
+from MaxText.quantization import backends, gemms
 from MaxText.quantization import stats as stats_lib
-from MaxText.quantization.backends import emulated, te
-from MaxText.quantization.backends.base import REMAT_NAME, OperandBackend, split_grad_keys
+from MaxText.quantization.backends import emulated
+from MaxText.quantization.gemms import REMAT_NAME
 from MaxText.quantization.kernels.quantizer_impl import Kernels
 from MaxText.quantization.recipes import Recipe
 
@@ -43,46 +43,20 @@ def _stats_probe_fwd(x_MxK, w_KxN, key, sink, recipe):
 
 def _stats_probe_bwd(recipe, residuals, dy_MxN):
   x_MxK, w_KxN, key = residuals
-  keys = dict(zip(("dy", "dy_t"), split_grad_keys(key)))
-  operands = {"x": x_MxK, "w": w_KxN.T, "dy": dy_MxN, "w_t": w_KxN, "x_t": x_MxK.T, "dy_t": dy_MxN.T}
-  sink_grad = jnp.stack(
-    [
-      stats_lib.operand_stats(operands[r], recipe, r, emulated.quantize_operand(operands[r], recipe, r, keys.get(r)))
-      for r in stats_lib.ROLES
-    ]
-  )
+  inputs, keys = {"x": x_MxK, "w": w_KxN, "dy": dy_MxN}, gemms.grad_keys(key)
+
+  def stats(role):
+    source, transpose = gemms.OPERANDS[role]
+    operand = inputs[source].T if transpose else inputs[source]  # as the role's quantizer reads it
+    return stats_lib.operand_stats(
+      operand, recipe, role, emulated.quantize_operand(operand, recipe, role, keys.get(role))
+    )
+
+  sink_grad = jnp.stack([stats(role) for role in stats_lib.ROLES])
   return jnp.zeros_like(x_MxK), jnp.zeros_like(w_KxN), None, sink_grad
 
 
 _stats_probe.defvjp(_stats_probe_fwd, _stats_probe_bwd)
-
-
-def qmatmul(x, w, recipe: Recipe, *, key=None, backend=backends.Choice.AUTO, stats_sink=None, kernels=Kernels.AUTO):
-  """x [M, K] . w [K, N] (flax kernel layout) per `recipe`; differentiable with the recipe's backward.
-
-  The result has x's dtype (bf16 in training), accumulated in f32. `key` feeds stochastic
-  rounding of the gradients; it may be None when the recipe has none. BF16 is a plain dot.
-  `backend`: a backends.Choice (AUTO: TE where it can run the recipe, else xla where its block-scaled dot is
-  native, else emulated; TE, XLA, EMULATE) or a Backend object itself.
-  `stats_sink`: optional zeros [len(ROLES), len(STATS)] (stats.empty_sink()); its gradient is
-  each operand's quantization telemetry (stats.operand_stats); the GEMM itself is unchanged.
-  `kernels`: the emulated backend's quantizers (quantizer_impl.Kernels): AUTO (Pallas Triton kernels on NVIDIA
-  GPUs, else XLA), PALLAS, XLA, or INTERPRET (the kernels in Pallas interpret mode, for tests); the same bits.
-  """
-  if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
-    raise ValueError(f"qmatmul: expects x [M, K] and w [K, N], got {tuple(x.shape)} and {tuple(w.shape)}")
-  if not recipe.quantized:
-    return backends.BF16.matmul(x, w, recipe, key=None, kernels=kernels)
-  if recipe.stateful:
-    raise ValueError(
-      f"{recipe.name} keeps an amax history: call MaxText.quantization.delayed.qmatmul_delayed with its state"
-    )
-  key = _as_key(key, recipe)
-  chosen = backend if hasattr(backend, "matmul") else backends.resolve(recipe, backend)
-  y = chosen.matmul(x, w, recipe, key=key, kernels=kernels)
-  if stats_sink is not None:
-    y = y + _stats_probe(x, w, key, stats_sink, recipe)
-  return y
 
 
 def qdense(
@@ -92,32 +66,39 @@ def qdense(
   *,
   key=None,
   backend=backends.Choice.AUTO,
-  stats_sink=None,
   kernels=Kernels.AUTO,
-  partition: partition_lib.GemmAxes = None,
+  partition=None,
+  history=None,
+  stats_sink=None,
 ):
-  """x [..., K] . w [K, *out] per `recipe` -> [..., *out] (the Dense-layer hook).
+  """x [..., K] . w [K, *out] (flax kernel layout) per `recipe` -> [..., *out] in x's dtype, accumulated in f32;
+  differentiable with the recipe's backward, dw in w's dtype (the Dense layer's one call).
 
-  `partition`: the mesh axes splitting each dimension (partition.GemmAxes). Under a mesh that splits them, an operand
-  backend's GEMM (emulated, xla) runs partitioned: each device quantizes its own shard and the collectives are the
-  BF16 GEMM's (partition.py), the quantized bits one device's. TE's GEMMs take x and w with their own dimensions and
-  are partitioned by TE's rules (te.mesh_resource); BF16 and delayed scaling are one global computation that XLA
-  partitions."""
-  *lead, k = x.shape
-  out = w.shape[1:]
-  if not recipe.quantized or recipe.stateful:
-    return qmatmul(x.reshape(-1, k), w.reshape(k, -1), recipe, key=key, backend=backend, kernels=kernels).reshape(
-      *lead, *out
-    )
-  key = _as_key(key, recipe)
-  chosen = backend if hasattr(backend, "matmul") else backends.resolve(recipe, backend)
-  if partition_lib.active(partition) and isinstance(chosen, OperandBackend):
-    y = partition_lib.qdense(x, w, recipe, chosen, key=key, kernels=kernels, axes=partition)
-  elif chosen is backends.TE:
-    y = te.qmatmul(x, w, recipe, key=key, checkpoint_name=REMAT_NAME)
-  else:
-    y = chosen.matmul(x.reshape(-1, k), w.reshape(k, -1), recipe, key=key, kernels=kernels).reshape(*lead, *out)
-  if stats_sink is not None:
-    probe = _stats_probe(x.reshape(-1, k), w.reshape(k, -1), key, stats_sink, recipe)
-    y = y + probe.reshape(y.shape)
+  `key` feeds stochastic rounding of the gradients; it may be None when the recipe has none. `backend`: a
+  backends.Choice (AUTO: TE where it can run the recipe, else xla where its block-scaled dot is native, else
+  emulated; TE, XLA, EMULATE), a registered backend's name or a Backend; resolved once here (an unquantized recipe:
+  BF16's plain dot). `kernels`: the quantizers' implementation (quantizer_impl.Kernels: AUTO, PALLAS, XLA,
+  INTERPRET; the same bits). `partition`: the mesh axes splitting each dimension (partition.GemmAxes): under a mesh
+  that splits them, a backend of quantizers and a GEMM runs the GEMMs partitioned (each device quantizes its own
+  shard, the collectives the BF16 GEMM's); TE partitions by its own rules, BF16 and per-tensor FP8's linear layer are
+  one global computation XLA partitions. `history`: a stateful recipe's amax history (delayed.init_history); its
+  gradient is the new history. `stats_sink`: zeros [len(ROLES), len(STATS)] (stats.empty_sink()) whose gradient is
+  each operand's quantization telemetry (stats.operand_stats) for the stateless recipes; the GEMM is unchanged."""
+  if recipe.stateful and history is None:
+    raise ValueError(f"{recipe.name} keeps an amax history: pass history= (delayed.init_history)")
+  chosen = backends.resolve(recipe, backend)
+  key = _as_key(key, recipe) if recipe.quantized and not recipe.stateful else None
+  y = chosen.dense(x, w, recipe, key=key, kernels=kernels, partition=partition, history=history)
+  if stats_sink is not None and key is not None:
+    k = x.shape[-1]
+    y = y + _stats_probe(x.reshape(-1, k), w.reshape(k, -1), key, stats_sink, recipe).reshape(y.shape)
   return y
+
+
+def qmatmul(x, w, recipe: Recipe, *, key=None, backend=backends.Choice.AUTO, stats_sink=None, kernels=Kernels.AUTO):
+  """qdense of x [M, K] and w [K, N] on one device (a stateless recipe): y [M, N]."""
+  if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
+    raise ValueError(f"qmatmul: expects x [M, K] and w [K, N], got {tuple(x.shape)} and {tuple(w.shape)}")
+  if recipe.stateful:
+    raise ValueError(f"{recipe.name} keeps an amax history: call qdense with history= (or delayed.qmatmul_delayed)")
+  return qdense(x, w, recipe, key=key, backend=backend, stats_sink=stats_sink, kernels=kernels)

@@ -22,7 +22,9 @@ import jax.numpy as jnp
 from jax.experimental import layout
 
 from MaxText.quantization import cpu_gemm, target
-from MaxText.quantization.backends.base import OperandBackend, name_for_remat
+from MaxText.quantization import partition as partition_lib
+from MaxText.quantization.backends.base import Backend
+from MaxText.quantization.gemms import name_for_remat
 from MaxText.quantization.formats import Format, fp8, grids, mx, nvfp4
 from MaxText.quantization.formats.tensor import QuantizedTensor
 from MaxText.quantization.kernels import quantizer_impl
@@ -320,7 +322,7 @@ _fp8_linear.defvjp(_fp8_linear_fwd, _fp8_linear_bwd)
 _fp8_linear_jit = jax.jit(_fp8_linear, static_argnums=(3, 4, 5))
 
 
-class EmulatedBackend(OperandBackend):
+class EmulatedBackend(Backend):
   """Our quantizers (XLA path or Pallas kernels) and a tensor-core-dtype GEMM: runs everywhere."""
 
   name = "emulated"
@@ -337,10 +339,15 @@ class EmulatedBackend(OperandBackend):
     del out_dtype  # f32, the caller rounds it (the tensor core's single rounding of acc * scales)
     return gemm(a, b_t, recipe)
 
-  def matmul(self, x_MxK, w_KxN, recipe: Recipe, *, key, kernels):
-    if recipe.format is Format.FP8_CURRENT:
-      return fp8_linear(x_MxK, w_KxN, recipe, kernels)
-    return super().matmul(x_MxK, w_KxN, recipe, key=key, kernels=kernels)
+  def dense(self, x, w, recipe: Recipe, *, key, kernels, partition=None, history=None):
+    """Per-tensor FP8 as its own linear layer (fp8_linear: each operand quantized once), one global computation that
+    XLA partitions, for delayed scaling (`history`) always and for current scaling where no partition splits it;
+    every other GEMM the recipe's three GEMMs on this backend's quantizers (Backend.dense)."""
+    if recipe.format.per_tensor_fp8 and (history is not None or not partition_lib.active(partition)):
+      *lead, k = x.shape
+      y = fp8_linear(x.reshape(-1, k), w.reshape(k, -1), recipe, kernels, history)
+      return y.reshape(*lead, *w.shape[1:])
+    return super().dense(x, w, recipe, key=key, kernels=kernels, partition=partition, history=history)
 
   def dequantize(self, q, recipe: Recipe, dtype):
     return dequantize(q, recipe, dtype)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from MaxText.quantization import target
-from MaxText.quantization.backends.base import REMAT_NAME
+from MaxText.quantization.backends.base import REMAT_NAME, Backend
 from MaxText.quantization.formats import Format
 from MaxText.quantization.recipes import Recipe
 
@@ -258,23 +258,20 @@ def qmatmul(x, w, recipe: Recipe, *, key, checkpoint_name=None):
   )
 
 
-class TEBackend:
-  """Transformer Engine's dense (its quantizers, GEMMs and backward) for the recipes TE has (`recipe.te_name`)."""
+class TEBackend(Backend):
+  """Transformer Engine's dense for the recipes TE has (`recipe.te_name`): TE's quantizers and GEMMs in TE's own
+  forward and backward rule, partitioned under a mesh by TE's rules (`mesh_resource`)."""
 
   name = "te"
 
   def unavailable_reason(self, recipe: Recipe):
     return unavailable_reason(recipe)
 
-  def matmul(self, x_MxK, w_KxN, recipe: Recipe, *, key, kernels):
-    del kernels  # TE quantizes with its own kernels
-    return qmatmul(x_MxK, w_KxN, recipe, key=key, checkpoint_name=REMAT_NAME)
-
-  def quantizers(self, kernels, recipe=None):
-    return None  # TE's own, inside its dense
-
-  def __repr__(self):
-    return "<te backend>"
+  def dense(self, x, w, recipe: Recipe, *, key, kernels, partition=None, history=None):
+    del kernels, partition  # TE quantizes with its own kernels and partitions by its own rules
+    if history is not None:
+      raise ValueError(f"{recipe.name}: the trainer carries the amax history itself, which TE would keep")
+    return qmatmul(x, w, recipe, key=key, checkpoint_name=REMAT_NAME)
 
 
 BACKEND = TEBackend()

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from MaxText.quantization import target
 from MaxText.quantization.backends import emulated
-from MaxText.quantization.backends.base import OperandBackend
+from MaxText.quantization.backends.base import Backend
 from MaxText.quantization.formats import Format, grids, mx, nvfp4
 from MaxText.quantization.formats.tensor import QuantizedTensor
 from MaxText.quantization.kernels import quantizer_impl
@@ -118,7 +118,7 @@ def gemm(a: QuantizedTensor, b_t: QuantizedTensor, recipe: Recipe, out_dtype=jnp
   return (acc.astype(jnp.float32) * alpha).astype(out_dtype)
 
 
-class XlaBackend(OperandBackend):
+class XlaBackend(Backend):
   """Our operands through XLA's block-scaled dot (a native FP4 GEMM on SM100+); NVIDIA GPUs, block-scaled recipes."""
 
   name = "xla"

@@ -8,7 +8,7 @@ import pytest
 
 from MaxText.quantization import get_recipe
 from MaxText.quantization.backends import emulated
-from MaxText.quantization.backends.base import OperandBackend
+from MaxText.quantization.backends import base
 from MaxText.quantization.formats import fp8, grids
 from MaxText.quantization.kernels import quantizer_impl
 from MaxText.quantization.kernels.quantizer_impl import Kernels
@@ -36,24 +36,24 @@ def _same_bits(got, want):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("shape", [(64, 96, 48), (33, 17, 9)])
 def test_current_scaling_has_the_generic_paths_bits(shape, dtype):
-  """fp8_linear (one quantization per operand, scales folded into the GEMM) against OperandBackend's custom_vjp,
+  """fp8_linear (one quantization per operand, scales folded into the GEMM) against the three GEMMs of gemms.py,
   which quantizes each GEMM's operand in its own orientation and scales the f32 sum: y, dx and dw bit for bit."""
   recipe = get_recipe("te_fp8_currentscaling")
   x, w, dy = _operands(*shape, dtype)
   key = jax.random.key(0)  # unused by FP8 (no stochastic rounding); the generic path splits it
-  generic = lambda x, w: OperandBackend.matmul(emulated.BACKEND, x, w, recipe, key=key, kernels=Kernels.XLA)
+  generic = lambda x, w: base.dense(emulated.BACKEND, x, w, recipe, key=key, kernels=Kernels.XLA)
   want = _fwd_bwd(generic, x, w, dy)
   _same_bits(_fwd_bwd(lambda x, w: emulated.fp8_linear(x, w, recipe), x, w, dy), want)
   assert want[0].dtype == dtype and want[2].dtype == jnp.float32
 
 
-def test_the_backends_matmul_takes_the_fp8_layer_with_the_pallas_kernels_bits():
-  """The emulated backend's matmul runs current scaling through fp8_linear; the Pallas kernels (interpreted) quantize
+def test_the_backends_dense_takes_the_fp8_layer_with_the_pallas_kernels_bits():
+  """The emulated backend's dense runs current scaling through fp8_linear; the Pallas kernels (interpreted) quantize
   to the XLA path's bits there too."""
   recipe = get_recipe("te_fp8_currentscaling")
   x, w, dy = _operands(33, 17, 9, jnp.bfloat16)
   want = _fwd_bwd(lambda x, w: emulated.fp8_linear(x, w, recipe, Kernels.XLA), x, w, dy)
-  backend = lambda x, w: emulated.BACKEND.matmul(x, w, recipe, key=None, kernels=Kernels.INTERPRET)
+  backend = lambda x, w: emulated.BACKEND.dense(x, w, recipe, key=None, kernels=Kernels.INTERPRET)
   _same_bits(_fwd_bwd(backend, x, w, dy), want)
 
 
