@@ -18,6 +18,8 @@ import math
 import re
 import typing
 
+from MaxText.config.models import DENSE_SCOPES
+
 # Bits per element of each HLO element type (the packed FP4 / int4 types take half a byte).
 BITS = {
   "pred": 8,
@@ -723,17 +725,7 @@ def kernels(module, num_devices=1, devices_per_domain=None) -> list:
 
 
 # Named scopes of the model's GEMMs (their remat names) -> the GEMM, for counting a program's GEMMs per site.
-GEMM_SCOPES = {
-  "query_proj": "q",
-  "key_proj": "k",
-  "value_proj": "v",
-  "out_proj": "o",
-  "mlpwi_0": "gate",
-  "mlpwi_1": "up",
-  "mlpwi": "gate_up",
-  "mlpwo": "down",
-  "logits": "lm_head",
-}
+GEMM_SCOPES = {**DENSE_SCOPES, "logits": "lm_head"}
 
 
 _EINSUM = re.compile(r"\b[a-z]*,[a-z]*->[a-z]*\b")

@@ -24,6 +24,16 @@ MODEL_KEYS = (
   "rope_original_max_position",
   "logits_via_embedding",
 )
+# The GEMMs of a decoder layer by the precision plan's names, each with the named scope its Dense layer runs in:
+# MaxText's remat names, which the remat policies save and a compiled program's op paths show.
+ATTENTION_GEMMS = {"q": "query_proj", "k": "key_proj", "v": "value_proj", "o": "out_proj"}
+MLP_GEMMS = {"gate": "mlpwi_0", "up": "mlpwi_1", "down": "mlpwo"}
+FUSED_GEMMS = {("gate", "up"): "mlpwi"}  # fused_mlp: gate and up as one GEMM
+# Named scope -> the GEMM it names ("gate_up" for the fused pair).
+DENSE_SCOPES = {
+  **{scope: gemm for gemm, scope in {**ATTENTION_GEMMS, **MLP_GEMMS}.items()},
+  **{scope: "_".join(gemms) for gemms, scope in FUSED_GEMMS.items()},
+}
 DEFAULT = "default"  # MaxText's name for "no named model": the model keys as the config sets them
 
 _LLAMA3 = dict(

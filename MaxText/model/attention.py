@@ -9,7 +9,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from MaxText.model.layers import Dense
-from MaxText.precision import GemmPrecision, amax_history_len
+from MaxText.precision import GemmPrecision, LayerPrecision, amax_history_len
 from MaxText.quantization import dots
 
 NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -133,10 +133,10 @@ class Attention(nnx.Module):
     heads = dict(kernel_axes=("embed", "heads"), out_axes=("activation_heads",))
     kv_heads = dict(kernel_axes=("embed", "kv_heads"), out_axes=("activation_heads",))
     out = dict(kernel_axes=("heads", "embed"), in_axis="activation_heads", out_axes=("activation_embed",))
-    self.query = Dense(d, h * dh, remat_name="query_proj", **heads, **kw)
-    self.key = Dense(d, kv * dh, remat_name="key_proj", **kv_heads, **kw)
-    self.value = Dense(d, kv * dh, remat_name="value_proj", **kv_heads, **kw)
-    self.out = Dense(h * dh, d, remat_name="out_proj", **out, **kw)
+    self.query = Dense(d, h * dh, gemm="q", **heads, **kw)
+    self.key = Dense(d, kv * dh, gemm="k", **kv_heads, **kw)
+    self.value = Dense(d, kv * dh, gemm="v", **kv_heads, **kw)
+    self.out = Dense(h * dh, d, gemm="o", **out, **kw)
     self.heads, self.kv_heads, self.head_dim = h, kv, dh
     self.rope = (
       dh,
@@ -150,15 +150,16 @@ class Attention(nnx.Module):
     self.kernel = ATTENTION_KERNELS[cfg.attention]
     self.packed = packed_documents(cfg)
 
-  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL, precision, key, stats_sinks=None, kv_cache=None):
+  def __call__(
+    self, x_BxLxD, positions_BxL, segment_ids_BxL, precision: LayerPrecision, key, stats_sinks=None, kv_cache=None
+  ):
     """(output [B, L, D], the KV cache with these tokens written, or None without one)."""
     b, l, _ = x_BxLxD.shape
     keys = jax.random.split(key, 4) if key is not None else [None] * 4
-    sinks = stats_sinks or {}
     inv_freq = rope_frequencies(*self.rope)
-    q = self.query(x_BxLxD, precision["q"], keys[0], sinks.get("q")).reshape(b, l, self.heads, self.head_dim)
-    k = self.key(x_BxLxD, precision["k"], keys[1], sinks.get("k")).reshape(b, l, self.kv_heads, self.head_dim)
-    v = self.value(x_BxLxD, precision["v"], keys[2], sinks.get("v")).reshape(b, l, self.kv_heads, self.head_dim)
+    q = self.query(x_BxLxD, precision, keys[0], stats_sinks).reshape(b, l, self.heads, self.head_dim)
+    k = self.key(x_BxLxD, precision, keys[1], stats_sinks).reshape(b, l, self.kv_heads, self.head_dim)
+    v = self.value(x_BxLxD, precision, keys[2], stats_sinks).reshape(b, l, self.kv_heads, self.head_dim)
     q, k = apply_rope(q, positions_BxL, inv_freq), apply_rope(k, positions_BxL, inv_freq)
     if kv_cache is not None:  # decoding: attend to the cached tokens and these
       kv_cache = kv_cache.written(k, v, positions_BxL)
@@ -167,7 +168,7 @@ class Attention(nnx.Module):
       segments = segment_ids_BxL if self.packed else None  # unpacked rows: causal only, no mask tensor
       ctx = self.kernel(q, k, v, segments)
     ctx = checkpoint_name(ctx, "context").reshape(b, l, self.heads * self.head_dim)
-    return self.out(ctx, precision["o"], keys[3], sinks.get("o")), kv_cache
+    return self.out(ctx, precision, keys[3], stats_sinks), kv_cache
 
 
 __all__ = [

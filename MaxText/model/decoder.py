@@ -9,13 +9,15 @@ from MaxText.model.attention import Attention
 from MaxText.model.layers import Embed, RMSNorm
 from MaxText.model.mlp import MLP
 from MaxText.precision import uniform
+from MaxText.config.models import DENSE_SCOPES
 from MaxText.quantization import dots, qdot
 
 ACTIVATION_AXES = ("activation_batch", "activation_length", "activation_embed")
 LOGITS_AXES = ("activation_batch", "activation_length", "activation_vocab")
 
-# MaxText's remat policies, by the names Dense, attention and the quantized matmul give their outputs.
-_PROJECTIONS = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo")
+# MaxText's remat policies, by the names Dense (config.models.DENSE_SCOPES), attention and the quantized Dense give
+# their outputs.
+_PROJECTIONS = tuple(DENSE_SCOPES)
 _save = jax.checkpoint_policies.save_only_these_names
 # jax's cuDNN attention forward primitive (jax 0.10 and 0.11; its custom-call wrapper is ..._wrapper).
 CUDNN_ATTENTION_FORWARD = "dot_product_attention_fwd"

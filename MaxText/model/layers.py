@@ -1,12 +1,16 @@
-"""Building blocks: the Dense layer with its precision hook, RMSNorm, token embedding."""
+"""Building blocks: the Dense layer (one quantized-Dense call per GEMM), RMSNorm, token embedding."""
+
+import functools
+import operator
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from MaxText.precision import GemmPrecision
-from MaxText.quantization import delayed, qdense
+from MaxText.config.models import ATTENTION_GEMMS, FUSED_GEMMS, MLP_GEMMS
+from MaxText.precision import LayerPrecision, uniform
+from MaxText.quantization import qdense
 from MaxText.quantization.partition import GemmAxes
 from MaxText.runtime import sharding
 
@@ -22,15 +26,16 @@ def dense_init(ndim=2):
 
 
 class Dense(nnx.Module):
-  """y = x . kernel with kernel [in, out] in weight_dtype; every call goes through one dot_general hook. An
-  `out_features` tuple makes a kernel [in, *out] (MaxText's fused MLP [embed, 2, mlp]): one GEMM on the kernel viewed
-  as [in, prod(out)], its output [..., *out].
+  """y = x . kernel with kernel [in, out] in weight_dtype, through one call of the quantized Dense
+  (quantization.qdense). An `out_features` tuple makes a kernel [in, *out] (MaxText's fused MLP [embed, 2, mlp]): one
+  GEMM on the kernel viewed as [in, prod(out)], its output [..., *out].
 
-  The output is tagged with `remat_name` (MaxText's names: query_proj, mlpwo, ...) for the remat
-  policies that save GEMM outputs. The hook is `dot_general(x, kernel, precision, key, stats_sink)`: the quantized
-  matmul of the recipe that the caller passes per call, so one (possibly scanned) layer can run under different
-  recipes per GEMM kind and per layer. A `stats_sink` (quantization.stats.empty_sink()) asks for
-  quantization telemetry, returned as the sink's gradient.
+  `gemm` is the precision plan's name of the GEMM (config.models: "q", ..., "down"; a tuple for GEMMs fused into
+  one, which runs under the first one's precision and reports telemetry to each one's sink). A call takes the layer's
+  precision ({gemm: GemmPrecision}, the plan's, so one possibly scanned layer can run different recipes per GEMM kind
+  and per layer), the GEMM's PRNG key and the layer's telemetry sinks ({gemm: quantization.stats.empty_sink()},
+  returned as their gradients). The output is tagged with MaxText's remat name of the GEMM (query_proj, mlpwo, ...)
+  for the remat policies that save GEMM outputs, and the GEMM's ops run in a named scope of that name.
   """
 
   def __init__(
@@ -38,16 +43,18 @@ class Dense(nnx.Module):
     in_features,
     out_features,
     *,
+    gemm,
     dtype,
     weight_dtype,
     rngs: nnx.Rngs,
-    remat_name,
     history_len=0,
     kernel_axes=None,
     in_axis="activation_embed",
     out_axes=None,
   ):
     out_features = tuple(out_features) if isinstance(out_features, (tuple, list)) else (out_features,)
+    self.gemms = (gemm,) if isinstance(gemm, str) else tuple(gemm)
+    self.remat_name = FUSED_GEMMS[self.gemms] if len(self.gemms) > 1 else {**ATTENTION_GEMMS, **MLP_GEMMS}[gemm]
     # Logical axes (runtime/sharding.py's rules) of the kernel's dims, of x's last dim and of y's output dims: how a
     # quantized GEMM is partitioned over the mesh (quantization/partition.py). None: never partitioned by hand.
     self.kernel_axes = tuple(kernel_axes) if kernel_axes else None
@@ -56,46 +63,38 @@ class Dense(nnx.Module):
       dense_init(1 + len(out_features))(rngs.params(), (in_features, *out_features), weight_dtype)
     )
     self.dtype = dtype
-    self.remat_name = remat_name
     if history_len:
       self.amax_history = AmaxHistory(jnp.zeros((3, history_len), jnp.float32))
 
-  @staticmethod
-  def dot_general(x, kernel, precision: GemmPrecision, key, stats_sink=None, partition=None):
-    return qdense(
-      x,
-      kernel,
-      precision.recipe,
-      key=key,
-      backend=precision.backend,
-      stats_sink=stats_sink,
-      kernels=precision.kernels,
-      partition=partition,
-    )
-
-  def __call__(self, x, precision: GemmPrecision = GemmPrecision(), key=None, stats_sink=None):
-    with jax.named_scope(self.remat_name):  # the GEMM's ops, forward and backward, named in the HLO and profiles
-      return checkpoint_name(self._gemm(x, precision, key, stats_sink), self.remat_name)
-
-  def _gemm(self, x, precision, key, stats_sink):
+  def __call__(self, x, precision: LayerPrecision = None, key=None, stats_sinks=None):
+    gemm = (precision or uniform())[self.gemms[0]]
     kernel = self.kernel[...]
-    out_shape = kernel.shape[1:]
-    if precision.recipe.quantized and not precision.recipe.stateful:
-      # The kernel with its own dims: a partitioned GEMM splits them as the parameter is split
-      partition = self._partition(x.shape, kernel.shape)
-      return self.dot_general(x.astype(self.dtype), kernel, precision, key, stats_sink, partition)
-    kernel = kernel.reshape(kernel.shape[0], -1)
-    return self._gemm_2d(x, kernel, precision, key).reshape(*x.shape[:-1], *out_shape)
+    with jax.named_scope(self.remat_name):  # the GEMM's ops, forward and backward, named in the HLO and profiles
+      y = qdense(
+        x.astype(self.dtype),
+        kernel,
+        gemm.recipe,
+        key=key,
+        backend=gemm.backend,
+        kernels=gemm.kernels,
+        partition=self._partition(x.shape, kernel.shape),
+        history=self._history(gemm.recipe),
+        stats_sink=self._sink(stats_sinks),
+      )
+      return checkpoint_name(y, self.remat_name)
 
-  def _gemm_2d(self, x, kernel, precision, key):
-    if precision.recipe.stateful:
-      if not hasattr(self, "amax_history"):
-        raise ValueError(f"{precision.recipe.name} needs an amax history: build the model with amax_history_len")
-      x2d = x.astype(self.dtype).reshape(-1, x.shape[-1])
-      y = delayed.qmatmul_delayed(x2d, kernel, precision.recipe, self.amax_history[...], precision.kernels)
-      return y.reshape(*x.shape[:-1], kernel.shape[1])
-    # BF16 GEMM (quantizers read the f32 master weight; this reads it in the compute dtype)
-    return self.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), precision, key)
+  def _history(self, recipe):
+    """Delayed scaling's amax history, for a stateful recipe."""
+    if not recipe.stateful:
+      return None
+    if not hasattr(self, "amax_history"):
+      raise ValueError(f"{recipe.name} needs an amax history: build the model with amax_history_len")
+    return self.amax_history[...]
+
+  def _sink(self, stats_sinks):
+    """The telemetry sink of this GEMM (of a fused pair: the sum of both, whose gradient reaches each), or None."""
+    sinks = [stats_sinks[g] for g in self.gemms if g in (stats_sinks or {})]
+    return functools.reduce(operator.add, sinks) if sinks and len(sinks) == len(self.gemms) else None
 
   def _partition(self, x_shape, kernel_shape):
     """The mesh axes of x [batch, length, K], the kernel and y under the current mesh (runtime/sharding.py's

@@ -7,7 +7,7 @@ from flax import nnx
 
 from MaxText.runtime import sharding
 from MaxText.model.layers import Dense
-from MaxText.precision import amax_history_len
+from MaxText.precision import LayerPrecision, amax_history_len
 
 ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu, "linear": lambda x: x}
 
@@ -29,25 +29,24 @@ class MLP(nnx.Module):
     up = dict(kernel_axes=("embed", "mlp"), out_axes=("activation_mlp",))
     if self.fused:
       fused_axes = dict(kernel_axes=("embed", "num_activations", "mlp"), out_axes=("num_activations", "activation_mlp"))
-      self.gate_up = Dense(d, (2, f), remat_name="mlpwi", **fused_axes, **kw)
+      self.gate_up = Dense(d, (2, f), gemm=("gate", "up"), **fused_axes, **kw)
     else:
-      self.gate = Dense(d, f, remat_name="mlpwi_0", **up, **kw)
-      self.up = Dense(d, f, remat_name="mlpwi_1", **up, **kw)
+      self.gate = Dense(d, f, gemm="gate", **up, **kw)
+      self.up = Dense(d, f, gemm="up", **up, **kw)
     down = dict(kernel_axes=("mlp", "embed"), in_axis="activation_mlp", out_axes=("activation_embed",))
-    self.down = Dense(f, d, remat_name="mlpwo", **down, **kw)
+    self.down = Dense(f, d, gemm="down", **down, **kw)
     self.activations = tuple(cfg.mlp_activations)
 
-  def __call__(self, x_BxLxD, precision, key, stats_sinks=None):
+  def __call__(self, x_BxLxD, precision: LayerPrecision, key, stats_sinks=None):
+    """`precision`, `stats_sinks`: the layer's ({gemm: GemmPrecision}, {gemm: sink}), as every Dense takes them."""
     keys = jax.random.split(key, 3) if key is not None else [None] * 3
-    sinks = stats_sinks or {}
     act_gate, act_up = (ACTIVATIONS[a] for a in self.activations)
     if self.fused:
-      # One GEMM reports its telemetry to both kinds' sinks (the gradient of their sum reaches each).
-      sink = sinks["gate"] + sinks["up"] if "gate" in sinks and "up" in sinks else None
-      gate_up = self.gate_up(x_BxLxD, precision["gate"], keys[0], sink)
+      # One GEMM, under the gate's precision, reporting its telemetry to both kinds' sinks.
+      gate_up = self.gate_up(x_BxLxD, precision, keys[0], stats_sinks)
       gate, up = act_gate(gate_up[..., 0, :]), act_up(gate_up[..., 1, :])
     else:
-      gate = act_gate(self.gate(x_BxLxD, precision["gate"], keys[0], sinks.get("gate")))
-      up = act_up(self.up(x_BxLxD, precision["up"], keys[1], sinks.get("up")))
+      gate = act_gate(self.gate(x_BxLxD, precision, keys[0], stats_sinks))
+      up = act_up(self.up(x_BxLxD, precision, keys[1], stats_sinks))
     hidden = sharding.constrain(gate * up, ("activation_batch", "activation_length", "activation_mlp"))
-    return self.down(hidden, precision["down"], keys[2], sinks.get("down"))
+    return self.down(hidden, precision, keys[2], stats_sinks)

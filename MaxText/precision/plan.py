@@ -8,37 +8,40 @@ quantization library are the only places that know recipe names. BF16 edge layer
 import dataclasses
 import typing
 
+from MaxText.config import models
 from MaxText.quantization import backends
 from MaxText.quantization import stats as quant_stats
 from MaxText.quantization.formats import Format
 from MaxText.quantization.kernels.quantizer_impl import Kernels
 from MaxText.quantization.recipes import Recipe, get_recipe
 
-ATTENTION_GEMMS = ("q", "k", "v", "o")
-MLP_GEMMS = ("gate", "up", "down")
+ATTENTION_GEMMS, MLP_GEMMS = tuple(models.ATTENTION_GEMMS), tuple(models.MLP_GEMMS)  # the decoder layer's (config)
 GEMMS = ATTENTION_GEMMS + MLP_GEMMS
 
 
 class GemmPrecision(typing.NamedTuple):
-  """How one GEMM runs: the recipe, the backend request and the operand quantizers' implementation. Static
-  (hashable)."""
+  """How one GEMM runs: the recipe, the backend request (a backends.Choice or a registered Backend) and the operand
+  quantizers' implementation. Static (hashable)."""
 
   recipe: Recipe = get_recipe("")
-  backend: backends.Choice = backends.Choice.AUTO
+  backend: typing.Any = backends.Choice.AUTO
   kernels: Kernels = Kernels.AUTO
 
 
 BF16 = GemmPrecision()
+# How each GEMM of a decoder layer runs, {gemm: GemmPrecision}: what the decoder layer, its attention, MLP and every
+# Dense layer take.
+LayerPrecision = typing.Mapping[str, GemmPrecision]
 
 
-def uniform(precision: GemmPrecision = BF16):
+def uniform(precision: GemmPrecision = BF16) -> LayerPrecision:
   """The same GemmPrecision for every GEMM of a layer."""
   return {g: precision for g in GEMMS}
 
 
 @dataclasses.dataclass(frozen=True)
 class PrecisionPlan:
-  """Layer ranges [(start, stop, {gemm: GemmPrecision})] covering every decoder layer, in order."""
+  """Layer ranges [(start, stop, LayerPrecision)] covering every decoder layer, in order."""
 
   layer_ranges: tuple
 
@@ -95,8 +98,8 @@ def plan_from_config(cfg, high_precision=False) -> PrecisionPlan:
   """MLP GEMMs in `quantization`; attention projections in `attention_quantization` (or the same
   recipe with quantization_scope=all_dense); BF16 edge layers; everything BF16 if `high_precision`."""
   mlp_recipe, attention_recipe = configured_recipes(cfg)
-  backend, kernels = backends.Choice(cfg.quantization_backend), Kernels(cfg.quantization_kernels)
-  attention_backend = backends.Choice(cfg.attention_quantization_backend or cfg.quantization_backend)
+  backend, kernels = backends.request(cfg.quantization_backend), Kernels(cfg.quantization_kernels)
+  attention_backend = backends.request(cfg.attention_quantization_backend or cfg.quantization_backend)
   mlp, attn = GemmPrecision(mlp_recipe, backend, kernels), GemmPrecision(attention_recipe, attention_backend, kernels)
   quantized = {**{g: attn for g in ATTENTION_GEMMS}, **{g: mlp for g in MLP_GEMMS}}
   bf16 = uniform(BF16)
