@@ -40,9 +40,10 @@ def attention_fns(cfg):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from MaxText.model import attention  # pylint: disable=import-outside-toplevel
+  from MaxText import data  # pylint: disable=import-outside-toplevel
 
   b, s = int(cfg.per_device_batch_size), cfg.max_target_length
-  segments = jnp.ones((b, s), jnp.int32) if attention.packed_documents(cfg) else None
+  segments = jnp.ones((b, s), jnp.int32) if data.packed_documents(cfg) else None
   positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
   inv_freq = attention.rope_frequencies(
     cfg.head_dim,

@@ -7,6 +7,13 @@ from MaxText.data.synthetic import SyntheticIterator
 from MaxText.data.tokenizers import TokenizerError
 
 
+def packed_documents(cfg):
+  """Whether a row of the batch may hold several documents, so attention must be masked per document: only
+  packed grain/tfds data. Synthetic rows are one sequence; packing=false rows are one document piece,
+  right-padded, where causal attention alone is exact (real tokens never see the padding after them)."""
+  return cfg.packing and cfg.dataset_type != "synthetic"
+
+
 def make_iterator(cfg, run_shape, process_index=0, process_count=1) -> DataIterator:
   """The training iterator for `cfg.dataset_type`: this process's rows of each global batch.
 
@@ -66,4 +73,5 @@ __all__ = [
   "TokenizerError",
   "make_eval_iterator",
   "make_iterator",
+  "packed_documents",
 ]

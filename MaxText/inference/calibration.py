@@ -94,7 +94,8 @@ def calibrate(cfg, step_dir, num_batches=DEFAULT_BATCHES, log=print):
 
   def forward(params, inputs, positions, segment_ids):
     model = nnx.merge(graphdef, params, rest)
-    return grids.abs_max(model.hidden(inputs, positions, segment_ids, layer_precisions=ranges).astype(jnp.float32))
+    segments = segment_ids if data.packed_documents(cfg) else None
+    return grids.abs_max(model.hidden(inputs, positions, segments, layer_precisions=ranges).astype(jnp.float32))
 
   with sharding.use_mesh(mesh):
     shardings = sharding.param_shardings(abstract_params, mesh)

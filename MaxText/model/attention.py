@@ -47,13 +47,6 @@ def apply_rope(x_BxLxHxD, positions_BxL, inv_freq):
   return out.astype(x_BxLxHxD.dtype)
 
 
-def packed_documents(cfg):
-  """Whether a row of the batch may hold several documents, so attention must be masked per document: only
-  packed grain/tfds data. Synthetic rows are one sequence; packing=false rows are one document piece,
-  right-padded, where causal attention alone is exact (real tokens never see the padding after them)."""
-  return cfg.packing and cfg.dataset_type != "synthetic"
-
-
 def _gqa_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, mask_BxLxS):
   """GQA attention in XLA where `mask` allows: GEMMs on the compute dtype, scores and softmax in f32."""
   b, l, h, d = q_BxLxHxD.shape
@@ -148,12 +141,13 @@ class Attention(nnx.Module):
       cfg.rope_original_max_position,
     )
     self.kernel = ATTENTION_KERNELS[cfg.attention]
-    self.packed = packed_documents(cfg)
 
   def __call__(
     self, x_BxLxD, positions_BxL, segment_ids_BxL, precision: LayerPrecision, key, stats_sinks=None, kv_cache=None
   ):
-    """(output [B, L, D], the KV cache with these tokens written, or None without one)."""
+    """(output [B, L, D], the KV cache with these tokens written, or None without one). `segment_ids_BxL`: the
+    documents of packed rows (attention never crosses them), None for rows of one sequence (causal only: no mask
+    tensor)."""
     b, l, _ = x_BxLxD.shape
     keys = jax.random.split(key, 4) if key is not None else [None] * 4
     inv_freq = rope_frequencies(*self.rope)
@@ -165,8 +159,7 @@ class Attention(nnx.Module):
       kv_cache = kv_cache.written(k, v, positions_BxL)
       ctx = cached_attention(q, kv_cache, positions_BxL)
     else:
-      segments = segment_ids_BxL if self.packed else None  # unpacked rows: causal only, no mask tensor
-      ctx = self.kernel(q, k, v, segments)
+      ctx = self.kernel(q, k, v, segment_ids_BxL)
     ctx = checkpoint_name(ctx, "context").reshape(b, l, self.heads * self.head_dim)
     return self.out(ctx, precision, keys[3], stats_sinks), kv_cache
 
@@ -179,6 +172,5 @@ __all__ = [
   "cached_attention",
   "cudnn_flash_attention",
   "dot_product_attention",
-  "packed_documents",
   "rope_frequencies",
 ]

@@ -151,12 +151,11 @@ class Transformer(nnx.Module):
   def hidden(
     self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, *, layer_precisions=None, key=None, stats_sinks=None
   ):
-    """tokens [B, L] -> the final norm's output [B, L, D]: what the lm head reads."""
+    """tokens [B, L] -> the final norm's output [B, L, D]: what the lm head reads. `segment_ids_BxL`: the documents
+    of packed rows, which attention never crosses; None where each row is one sequence (causal attention only)."""
     b, l = tokens_BxL.shape
     if positions_BxL is None:
       positions_BxL = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
-    if segment_ids_BxL is None:
-      segment_ids_BxL = jnp.ones((b, l), jnp.int32)
     if layer_precisions is None:
       layer_precisions = [(0, self.num_layers, uniform())]
     x = self.embed(tokens_BxL)
@@ -169,10 +168,7 @@ class Transformer(nnx.Module):
     decode steps (T = 1)."""
     if layer_precisions is None:
       layer_precisions = [(0, self.num_layers, uniform())]
-    segment_ids = jnp.ones(tokens_BxT.shape, jnp.int32)
-    x, kv_cache = self._run_layers(
-      self.embed(tokens_BxT), positions_BxT, segment_ids, layer_precisions, None, None, kv_cache
-    )
+    x, kv_cache = self._run_layers(self.embed(tokens_BxT), positions_BxT, None, layer_precisions, None, None, kv_cache)
     return self.final_norm(x), kv_cache
 
   def head_kernel(self):

@@ -1,12 +1,13 @@
-"""Attention's mask: causal only where rows hold one document (synthetic data, packing=false), per document where
-packed; the XLA kernel's numbers unchanged by leaving out a mask that masks nothing."""
+"""Attention's mask: causal only where the model is given no segment ids (the train step gives none where rows hold
+one document: synthetic data, packing=false), per document where given; the XLA kernel's numbers unchanged by leaving
+out a mask that masks nothing."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from MaxText import config
+from MaxText import config, data
 from MaxText.model import attention
 from MaxText.model.decoder import Transformer
 from tests.conftest import REPO
@@ -31,11 +32,12 @@ def _cfg(*extra):
 
 
 def test_only_packed_grain_or_tfds_rows_hold_several_documents():
-  assert not attention.packed_documents(_cfg())  # synthetic
-  assert not attention.packed_documents(_cfg("packing=true"))  # packing applies to grain/tfds only
-  assert attention.packed_documents(_cfg(*GRAIN))
-  assert not attention.packed_documents(_cfg(*GRAIN, "packing=false"))
-  assert attention.packed_documents(_cfg("dataset_type=tfds", "dataset_path=d", "dataset_name=n"))
+  """The data's answer (the model reads no data config): what the train step's segment ids follow."""
+  assert not data.packed_documents(_cfg())  # synthetic
+  assert not data.packed_documents(_cfg("packing=true"))  # packing applies to grain/tfds only
+  assert data.packed_documents(_cfg(*GRAIN))
+  assert not data.packed_documents(_cfg(*GRAIN, "packing=false"))
+  assert data.packed_documents(_cfg("dataset_type=tfds", "dataset_path=d", "dataset_name=n"))
 
 
 def test_xla_kernel_without_segments_is_the_one_segment_kernel_bit_for_bit():
@@ -52,16 +54,14 @@ def test_xla_kernel_without_segments_is_the_one_segment_kernel_bit_for_bit():
   assert np.array_equal(np.asarray(grads[0], np.float32), np.asarray(grads[1], np.float32))
 
 
-def test_unpacked_model_ignores_segment_ids_and_packed_model_uses_them():
-  """Rows of one document (packing=false): the output doesn't depend on segment ids (none are applied); packed
-  rows: the second document's tokens don't see the first's."""
+def test_the_model_masks_per_document_only_where_given_segment_ids():
+  """No segment ids (rows of one document): causal attention over the whole row; with ids, the second document's
+  tokens don't see the first's."""
   tokens = jax.random.randint(jax.random.key(1), (1, 12), 0, 64)
   segments = jnp.array([[1] * 5 + [2] * 7])
   positions = jnp.array([list(range(5)) + list(range(7))])
   run = nnx.jit(lambda model, t, p, s: model(t, p, s))
-  unpacked = Transformer(_cfg(*GRAIN, "packing=false"), rngs=nnx.Rngs(0))
-  packed = Transformer(_cfg(*GRAIN), rngs=nnx.Rngs(0))
-  np.testing.assert_array_equal(run(unpacked, tokens, positions, segments), run(unpacked, tokens, positions, None))
-  alone = run(packed, tokens[:, 5:], positions[:, 5:], segments[:, 5:])
-  np.testing.assert_allclose(run(packed, tokens, positions, segments)[:, 5:], alone, rtol=1e-5, atol=1e-5)
-  assert not np.allclose(run(unpacked, tokens, positions, segments)[:, 5:], alone, atol=1e-3)
+  model = Transformer(_cfg(*GRAIN), rngs=nnx.Rngs(0))
+  alone = run(model, tokens[:, 5:], positions[:, 5:], segments[:, 5:])
+  np.testing.assert_allclose(run(model, tokens, positions, segments)[:, 5:], alone, rtol=1e-5, atol=1e-5)
+  assert not np.allclose(run(model, tokens, positions, None)[:, 5:], alone, atol=1e-3)

@@ -12,7 +12,7 @@ from flax import nnx
 from jax.extend import core as jex_core
 
 from MaxText.model import accounting
-from MaxText import config, precision
+from MaxText import config, data, precision
 from tests import hlo_dots
 from MaxText.trainer import optimizer, train_step
 from MaxText.model.decoder import Transformer, abstract_model
@@ -30,7 +30,7 @@ def _cfg(*extra):
 def _step_and_args(cfg):
   graphdef, params, rest = abstract_model(cfg)
   tx = optimizer.make_optimizer(cfg)
-  step = train_step.make_train_step(graphdef, tx, precision.plan_from_config(cfg), 1)
+  step = train_step.make_train_step(graphdef, tx, precision.plan_from_config(cfg), 1, packed=data.packed_documents(cfg))
   b, l = int(cfg.per_device_batch_size), cfg.max_target_length
   tokens = jax.ShapeDtypeStruct((b, l), jnp.int32)
   batch = {
@@ -140,8 +140,8 @@ def _cudnn_calls(cfg):
 def test_unpacked_rows_run_cudnn_attention_causal_without_a_mask(cudnn_version_probe):
   b, l = 8, 32  # SMALL's micro-batch and sequence
   dense_mask = re.compile(rf"tensor<{b}x1x{l}x{l}x(bf16|i1)>")
-  for data in ([], ["dataset_type=grain", "grain_train_files=unused-*.array_record", "packing=false"]):
-    calls, text = _cudnn_calls(_cfg("attention=cudnn_flash", *data))
+  for keys in ([], ["dataset_type=grain", "grain_train_files=unused-*.array_record", "packing=false"]):
+    calls, text = _cudnn_calls(_cfg("attention=cudnn_flash", *keys))
     # Forward: q, k, v only; backward: q, k, v, softmax stats, dO, O. Causal inside the kernel, no bias.
     assert sorted(set(calls)) == [("__cudnn$fmhaSoftmax", 3), ("__cudnn$fmhaSoftmaxBackward", 6)], calls
     assert len(calls) == 2 * 2 and "\\22mask_type\\22: \\22CAUSAL\\22" in text
