@@ -11,6 +11,7 @@ import typing
 import yaml
 
 from MaxText.errors import UserError
+from MaxText.quantization import registry as backend_names
 from MaxText.quantization.recipes import recipe_names
 
 
@@ -167,15 +168,16 @@ SCHEMA = {
     "auto",
     "auto: Transformer Engine where it can run the recipe, else xla where "
     "its block-scaled dot is a native FP4 GEMM (SM100+), else emulate; te; xla "
-    "(jax.nn.scaled_matmul on our NVFP4 operands, NVIDIA GPUs); emulate (pure JAX)",
-    ("auto", "te", "xla", "emulate"),
+    "(jax.nn.scaled_matmul on our NVFP4 operands, NVIDIA GPUs); emulate (pure JAX); or the name of a backend a "
+    "program registered (quantization.backends.register)",
+    backend_names.Names(),
   ),
   "attention_quantization_backend": Key(
     str,
     "",
     "quantization_backend of the attention projections ('' = quantization_backend), e.g. xla NVFP4 MLP GEMMs "
     "beside Transformer Engine FP8 attention projections (auto)",
-    ("", "auto", "te", "xla", "emulate"),
+    backend_names.Names(""),
   ),
   "quantization_kernels": Key(
     str,
