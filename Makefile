@@ -1,5 +1,6 @@
 # `make train` (set up and train llama3_tiny with NVFP4 MLP GEMMs), `make compare` (the same against BF16,
-# loss curves and table), `make test`, `make lint` (ruff, pinned in requirements-dev.txt) and `make docs` (the site).
+# loss curves and table), `make test` and `make lint` (their tools pinned in requirements-dev.txt) and `make docs`
+# (the site).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -15,7 +16,8 @@ $(VENV)/.installed: requirements.txt
 
 setup: $(VENV)/.installed
 
-$(VENV)/.lint-installed: requirements-dev.txt | $(VENV)/.installed
+# The development tools (tests, linter, plots), on top of what training needs.
+$(VENV)/.dev-installed: requirements-dev.txt | $(VENV)/.installed
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
@@ -35,17 +37,17 @@ data-english: setup data/english/metadata.json
 train: data
 	$(PY) train.py configs/llama3_tiny.yml quantization=te_nvfp4 $(ARGS)
 
-compare: data
+compare: data $(VENV)/.dev-installed
 	$(PY) benchmarks/parity.py --config configs/llama3_tiny.yml --modes bf16,te_nvfp4 --steps 200 --out outputs/compare $(ARGS)
 
-test: setup
+test: $(VENV)/.dev-installed
 	$(PY) -m pytest -q -n 2 tests
 
-test-all: setup
+test-all: $(VENV)/.dev-installed
 	$(PY) -m pytest -q -n 2 -m "" tests
 
 # The linter over the whole tree; the formatter over the files pyproject.toml doesn't exclude (see there why).
-lint: $(VENV)/.lint-installed
+lint: $(VENV)/.dev-installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 

@@ -44,7 +44,7 @@ PY_TAG="$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_
 JAX_VERSION="$(sed -nE 's/^jaxlib==([0-9.]+).*/\1/p' "$ROOT/requirements.txt")"
 [[ -n "$JAX_VERSION" ]] || fail "requirements.txt pins no jaxlib==X; .venv-te takes its jax version from there" 1
 KEY="te-$TE_VERSION-$TE_CUDA-jax-$JAX_VERSION-$PY_TAG"
-STAMP_TEXT="$KEY $(cat "$PINS" "$HERE/build.sh" "$HERE/libcuda_stub.c" "$ROOT/requirements.txt" | cksum)"
+STAMP_TEXT="$KEY $(cat "$PINS" "$HERE/build.sh" "$HERE/libcuda_stub.c" "$ROOT/requirements.txt" "$ROOT/requirements-dev.txt" | cksum)"
 if [[ -f "$VENV/.te-installed" && "$(cat "$VENV/.te-installed")" == "$STAMP_TEXT" ]] \
    && "$HERE/python.sh" -c 'import jax; jax.devices(); import transformer_engine.jax' >/dev/null 2>&1; then
   say "up to date ($KEY in ${VENV#"$ROOT/"}); nothing to do"
@@ -78,8 +78,8 @@ fi
 pip_logged pip-upgrade install --upgrade pip
 
 # --- 3. jax with the CUDA plugin, the project's requirements, TE's core library and build dependencies -------------
-phase 3 "jax[${TE_CUDA/cu/cuda}]==$JAX_VERSION, requirements.txt, scripts/te/requirements.txt (several GB on a first run)"
-pip_logged deps install "jax[${TE_CUDA/cu/cuda}]==$JAX_VERSION" -r "$ROOT/requirements.txt" -r "$PINS"
+phase 3 "jax[${TE_CUDA/cu/cuda}]==$JAX_VERSION, requirements.txt (+ -dev: the te tests), scripts/te/requirements.txt (several GB on a first run)"
+pip_logged deps install "jax[${TE_CUDA/cu/cuda}]==$JAX_VERSION" -r "$ROOT/requirements.txt" -r "$ROOT/requirements-dev.txt" -r "$PINS"
 # The metapackage only marks TE as installed (TE checks it at import); its dependencies would pull the cu12 core.
 pip_logged metapackage install --no-deps "transformer-engine==$TE_VERSION"
 
