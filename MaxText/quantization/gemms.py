@@ -145,8 +145,14 @@ def forward(shards: Shards, static: Static, x_MxK, w_KxN):
   # In the compute dtype where nothing sums it first (a backend whose dot writes it directly does).
   y_MxN = static.backend.gemm(x_op, w_op, recipe, F32 if shards.splits_k else x_MxK.dtype)
   y_MxN = shards.sum_k(y_MxN).astype(x_MxK.dtype)
-  kept = {"operand": lambda op: op, "transposed": lambda op: op.T, "input": lambda op: None}
-  return y_MxN, tuple(kept[dict(plan.kept)[s]](op) for s, op in (("x", x_op), ("w", w_op)))
+  return y_MxN, (_kept_operand(plan, "x", x_op), _kept_operand(plan, "w", w_op))
+
+
+def _kept_operand(plan: Plan, source, op):
+  """What the forward keeps of `source`'s quantized operand: it, its transpose, or nothing (the input is kept)."""
+  if plan.keeps(source, "operand"):
+    return op
+  return op.T if plan.keeps(source, "transposed") else None
 
 
 def kept_inputs(static: Static, x, w):

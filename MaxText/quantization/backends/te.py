@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from MaxText.quantization import target
 from MaxText.quantization.backends.base import REMAT_NAME, Backend
+from MaxText.quantization.errors import BackendError
 from MaxText.quantization.formats import Format
 from MaxText.quantization.recipes import Recipe
 
@@ -269,8 +270,8 @@ class TEBackend(Backend):
 
   def dense(self, x, w, recipe: Recipe, *, key, kernels, partition=None, history=None):
     del kernels, partition  # TE quantizes with its own kernels and partitions by its own rules
-    if history is not None:
-      raise ValueError(f"{recipe.name}: the trainer carries the amax history itself, which TE would keep")
+    if history is not None:  # unavailable_reason refuses the stateful recipes
+      raise BackendError(f"{recipe.name}: the trainer carries the amax history itself, which TE would keep")
     return qmatmul(x, w, recipe, key=key, checkpoint_name=REMAT_NAME)
 
 
