@@ -5,9 +5,10 @@ GEMMs run partitioned (each device quantizes its shards, the amax all-reduced) w
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from MaxText import config, train
-from MaxText.quantization import backends, get_recipe
+from MaxText.quantization import backends, get_recipe, registry
 from MaxText.quantization.formats import grids
 from MaxText.quantization.formats.tensor import QuantizedTensor
 from tests.conftest import REPO, run_on_cpu_devices
@@ -34,7 +35,17 @@ class Int8Backend(backends.Backend):
     return acc.astype(jnp.float32) * (a.global_scale * b_t.global_scale)
 
 
-INT8 = backends.register(Int8Backend())
+INT8 = Int8Backend()
+
+
+@pytest.fixture
+def int8_registered():
+  """INT8 registered for one test (other tests see the built-in backends only)."""
+  backends.register(INT8)
+  yield INT8
+  registry.REGISTERED.pop(INT8.name)
+
+
 # The suite's small llama3_tiny (SMALL), the same global batch of 8 rows on 1 device and on 8 (one row each, fsdp 8).
 KEYS = [
   "quantization=te_fp8_currentscaling",
@@ -46,14 +57,16 @@ KEYS = [
 SCRIPT = r"""
 import json, sys
 from MaxText import config, train
+from MaxText.quantization import backends
 from tests.quantization import test_toy_backend as toy
+backends.register(toy.INT8)
 losses = train.train(config.load(toy.REPO / "configs" / "llama3_tiny.yml", [*toy.KEYS, *sys.argv[1:]]))
 print("RESULT" + json.dumps([float(l) for l in losses]))
 """
 
 
-def test_a_backend_registered_here_trains_llama3_tiny_on_1_and_8_devices(tmp_path):
-  assert backends.resolve(get_recipe("te_fp8_currentscaling"), "int8_toy") is INT8
+def test_a_backend_registered_here_trains_llama3_tiny_on_1_and_8_devices(tmp_path, int8_registered):
+  assert backends.resolve(get_recipe("te_fp8_currentscaling"), "int8_toy") is int8_registered
   cfg = config.load(REPO / "configs" / "llama3_tiny.yml", KEYS)
   one = train.train(cfg.replace(base_output_directory=str(tmp_path), run_name="one"))
   eight = run_on_cpu_devices(
