@@ -1,4 +1,4 @@
-# `make train` (set up and train llama3_tiny with NVFP4 MLP GEMMs), `make compare` (the same against BF16,
+# `make train` (set up and train llama3_tiny with NVFP4 MLP GEMMs), `make compare` (te_nvfp4 and te_nvfp4_no_rht against FP8 and BF16,
 # loss curves and table), `make test`, `make lint` (ruff, pinned in requirements-dev.txt) and `make docs` (the site).
 PYTHON ?= python3
 VENV := .venv
@@ -36,7 +36,8 @@ train: data
 	$(PY) train.py configs/llama3_tiny.yml quantization=te_nvfp4 $(ARGS)
 
 compare: data
-	$(PY) benchmarks/parity.py --config configs/llama3_tiny.yml --modes bf16,te_nvfp4 --steps 200 --out outputs/compare $(ARGS)
+	$(PY) benchmarks/parity.py --config configs/llama3_tiny.yml --modes te_fp8_currentscaling,te_nvfp4,te_nvfp4_no_rht,bf16 \
+	  --seeds 2 --steps 200 --out outputs/compare $(ARGS)
 
 test: setup
 	$(PY) -m pytest -q -n 2 tests

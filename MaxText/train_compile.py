@@ -24,6 +24,7 @@ if "JAX_PLATFORMS" not in os.environ and not os.path.exists("/dev/nvidiactl"):
 
 from MaxText import cli, config as config_lib, precision, storage  # noqa: E402
 from MaxText.aot import targets  # noqa: E402
+from MaxText.config import hardware  # noqa: E402
 from MaxText.errors import UserError  # noqa: E402
 from MaxText.trainer import aot_step, preflight  # noqa: E402
 
@@ -33,10 +34,15 @@ def compile_and_report(cfg):
   if not cfg.compile_topology:
     raise UserError("compile_topology is required: the GPU target to compile for, e.g. compile_topology=h100-8")
   target = targets.parse(cfg.compile_topology, cfg.compile_topology_num_slices)
+  cfg, auto = hardware.resolve(cfg, aot_step.gpu_hardware(target.gpu, target.name), target.num_devices)
+  if auto:
+    print(hardware.describe(auto), flush=True)
   plan = precision.plan_from_config(cfg)
   preflight.sharding_plan(cfg, plan, target.num_devices, target.hosts)
   step = aot_step.compile_for_target(cfg, target)
-  return step, aot_step.report(step, cfg)
+  rep = aot_step.report(step, cfg)
+  rep["auto"] = {key: {"value": value, "why": why} for key, (value, why) in auto.items()}
+  return step, rep
 
 
 def _compile(argv):

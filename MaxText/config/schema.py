@@ -252,17 +252,20 @@ SCHEMA = {
   ),
   "attention": Key(
     str,
-    "dot_product",
-    "attention kernel: XLA dot_product, or cuDNN flash on GPU (cudnn_flash_te, MaxText's name, is cudnn_flash)",
-    ("dot_product", "cudnn_flash"),
-    aliases=(("cudnn_flash_te", "cudnn_flash"),),
+    "auto",
+    "attention kernel: auto (cudnn_flash on an NVIDIA GPU of compute capability 8.0 or newer, dot_product "
+    "elsewhere; the log says which), XLA dot_product, or cuDNN flash on GPU (MaxText's names: autoselected is "
+    "auto, cudnn_flash_te is cudnn_flash)",
+    ("auto", "dot_product", "cudnn_flash"),
+    aliases=(("autoselected", "auto"), ("cudnn_flash_te", "cudnn_flash")),
   ),
   "num_vocab_tiling": Key(
     int,
-    1,
+    -1,
     "compute the lm head and its cross-entropy in this many tiles of the sequence, "
     "gradients included, so the [tokens, vocab] f32 logits are never whole in memory "
-    "(1 = off; must divide max_target_length)",
+    "(1 = off; must divide max_target_length; -1 = auto: tiled only where one device's f32 logits and their "
+    "gradient would take over 1/16 of its memory, in the fewest tiles that bring them under; the log says how many)",
   ),
   # -- distribution
   "hardware": Key(
@@ -540,7 +543,6 @@ RANGES = {
       "eval_steps",
       "checkpoint_period",
       "compile_topology_num_slices",
-      "num_vocab_tiling",
       "max_prefill_predict_length",
     )
   },
@@ -566,6 +568,7 @@ RANGES = {
       "high_precision_from_step",
       "eval_interval",
       "max_segments_per_seq",
+      "num_vocab_tiling",
     )
   },
   **{f"{k}_{a}_parallelism": _OR_MINUS_1 for k in ("ici", "dcn") for a in MESH_AXES},

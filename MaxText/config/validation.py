@@ -51,9 +51,9 @@ def validate(c):
     )
   if c.head_dim % 2:
     raise ConfigError(f"head_dim={c.head_dim} must be even (RoPE rotates pairs)")
-  if c.num_vocab_tiling < 1 or c.max_target_length % c.num_vocab_tiling:
+  if c.num_vocab_tiling != -1 and (c.num_vocab_tiling < 1 or c.max_target_length % c.num_vocab_tiling):
     raise ConfigError(
-      f"num_vocab_tiling={c.num_vocab_tiling} must be >= 1 and divide max_target_length="
+      f"num_vocab_tiling={c.num_vocab_tiling} must be -1 (auto), or >= 1 and divide max_target_length="
       f"{c.max_target_length} (the lm head runs in tiles of the sequence)"
     )
   _validate_ranges_across_keys(c)

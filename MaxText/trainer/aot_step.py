@@ -21,13 +21,13 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from MaxText import precision
 from MaxText.aot import devices as aot_devices, hlo, roofline, targets
-from MaxText.config import RunShape
+from MaxText.config import RunShape, hardware
 from MaxText.data.batch import Batch
 from MaxText.model import accounting
 from MaxText.quantization import backends, partition, target as quant_target
 from MaxText.quantization.backends import te as te_backend
 from MaxText.runtime import sharding, xla_flags
-from MaxText.trainer import optimizer, run_setup
+from MaxText.trainer import optimizer, preflight, run_setup
 from MaxText.trainer.hooks.profiler import compiled_memory
 from MaxText.trainer.train_step import StepFunctions
 
@@ -135,6 +135,8 @@ def compile_step(
   with $XLA_FLAGS)."""
   start = time.perf_counter()
   devices = list(devices)
+  hw = gpu_hardware(gpu, target_name) if compile_only else preflight.local_hardware(cfg, devices)
+  cfg, _ = hardware.resolve(cfg, hw, len(devices))  # attention=auto, num_vocab_tiling=-1: as the run would
   mesh = sharding.make_mesh(cfg, devices)
   run_shape = RunShape.of(cfg, len(devices))
   plan = precision.plan_from_config(cfg)
@@ -179,6 +181,14 @@ def compile_step(
     flops_per_device=flops,
     tokens_per_device=run_shape.tokens_per_step / len(devices),
   )
+
+
+def gpu_hardware(gpu, what=None):
+  """The config.hardware.Hardware of a GPU target (None: an unknown GPU), with the memory jax's allocator takes."""
+  if gpu is None:
+    return hardware.Hardware("gpu", what=what or "an unknown GPU")
+  major, minor = gpu.compute_capability
+  return hardware.Hardware("gpu", major + minor / 10, gpu.device_memory_size * memory_fraction(), what or gpu.name)
 
 
 def _local_bytes_limit(devices):

@@ -8,6 +8,8 @@ import jax
 import numpy as np
 
 from MaxText import precision, storage
+from MaxText.aot import targets
+from MaxText.config import hardware
 from MaxText.config.models import definition as model_definition
 from MaxText.model import accounting
 from MaxText.model.decoder import abstract_model
@@ -30,6 +32,19 @@ def device_memory_gib(cfg, devices):
     info = dict(line.split(":", 1) for line in f)
   available_kib = int(info["MemAvailable"].split()[0])
   return available_kib / 2**20 / len(local), local[0].platform  # virtual CPU devices share the host
+
+
+def local_hardware(cfg, devices):
+  """The config.hardware.Hardware `auto` values are chosen for: this machine's devices, or, in a dry run on another
+  machine, the GPUs the run is planned for (gpu_type or hardware=gpu*); memory as the preflight counts it
+  (hardware_memory_gib, gpu_type, the accelerator's limit, or host RAM)."""
+  gib, what = device_memory_gib(cfg, devices)
+  capability = getattr(devices[0], "compute_capability", None)
+  platform = devices[0].platform
+  if platform != "gpu" and cfg.dry_run and (cfg.gpu_type or cfg.hardware.startswith("gpu")):
+    platform, gpu = "gpu", targets.GPUS.get(cfg.gpu_type)
+    capability = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}" if gpu else None
+  return hardware.Hardware(platform, float(capability) if capability else None, gib * accounting.GIB, what)
 
 
 def planned_devices(cfg, local_count):
@@ -119,11 +134,13 @@ def compiled_memory_lines(mem, compiled):
   return lines
 
 
-def print_plan(cfg, plan, run_shape, mesh_sizes, devices, compiled=None):
-  """Prints the summary and the precision plan (and, for a dry run, the memory check, with the compiled step's
-  figure where there is one); returns the estimate."""
+def print_plan(cfg, plan, run_shape, mesh_sizes, devices, compiled=None, auto=None):
+  """Prints the summary, what `auto` values became (config.hardware), and the precision plan (and, for a dry run,
+  the memory check, with the compiled step's figure where there is one); returns the estimate."""
   text, mem = summary(cfg, run_shape, mesh_sizes)
   print(text)
+  if auto:
+    print(hardware.describe(auto))
   print("precision plan:\n" + precision.format_plan(plan, cfg, accounting.gemm_flops(cfg)))
   if devices and devices[0].platform == "cpu":
     print(f"CPU GEMM operands: {cpu_gemm.describe()}")

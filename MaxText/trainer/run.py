@@ -7,7 +7,7 @@ import tempfile
 import jax
 
 from MaxText import precision, storage
-from MaxText.config import RunShape
+from MaxText.config import RunShape, hardware
 from MaxText.errors import UserError
 from MaxText.quantization import cpu_gemm
 from MaxText.runtime import compile_cache, distributed, job_stop, peers, preemption, sharding
@@ -63,13 +63,15 @@ def _train(cfg, process_index, process_count, watchdog, stop):
     num_devices, num_processes = (
       preflight.planned_devices(cfg, len(devices)) if cfg.dry_run else (len(devices), process_count)
     )
+  hw = aot_step.gpu_hardware(target.gpu, target.name) if target is not None else preflight.local_hardware(cfg, devices)
+  cfg, auto = hardware.resolve(cfg, hw, num_devices)
   run_shape = RunShape.of(cfg, num_devices)
   plan = precision.plan_from_config(cfg)
   mesh_sizes = preflight.sharding_plan(cfg, plan, num_devices, num_processes)
   if not cfg.dry_run:
     compile_cache.configure(cfg.jax_cache_dir)  # before the preflight compiles: the run's step is then a cache hit
   compiled = aot_step.preflight_memory(cfg, target, devices, num_devices)
-  mem = preflight.print_plan(cfg, plan, run_shape, mesh_sizes, devices, compiled)
+  mem = preflight.print_plan(cfg, plan, run_shape, mesh_sizes, devices, compiled, auto)
   if cfg.dry_run:
     return []
   preflight.check_memory(cfg, mem, devices, compiled)
