@@ -34,7 +34,8 @@ def compile_and_report(cfg):
   if not cfg.compile_topology:
     raise UserError("compile_topology is required: the GPU target to compile for, e.g. compile_topology=h100-8")
   target = targets.parse(cfg.compile_topology, cfg.compile_topology_num_slices)
-  cfg, auto = hardware.resolve(cfg, aot_step.gpu_hardware(target.gpu, target.name), target.num_devices)
+  hw = aot_step.gpu_hardware(target.gpu, target.name)
+  cfg, auto = preflight.resolve_auto(cfg, hw, target.num_devices, target.hosts)
   if auto:
     print(hardware.describe(auto), flush=True)
   plan = precision.plan_from_config(cfg)

@@ -236,12 +236,15 @@ SCHEMA = {
   "scan_layers": Key(bool, True, "run the decoder layers with lax.scan (one compiled layer)"),
   "remat_policy": Key(
     str,
-    "full",
-    "activation rematerialization per layer: none, full (recompute the layer), "
+    "auto",
+    "activation rematerialization per layer: auto (full on a CPU, MaxText's default; on a GPU the first of "
+    "minimal_with_context, minimal, full whose estimated memory fits in 90% of the GPU's; the log says which), "
+    "none, full (recompute the layer), "
     "minimal (keep the q/k/v/o and MLP GEMM outputs), +_with_context (and the attention "
     "output, with cuDNN its softmax statistics too), +_with_quantization (and the quantized "
     "operands the backward GEMMs reuse)",
     (
+      "auto",
       "none",
       "minimal",
       "minimal_with_context",
@@ -298,8 +301,8 @@ SCHEMA = {
   "gpu_type": Key(
     str,
     "",
-    "target GPU for the memory check (dry_run and preflight): its published HBM less "
-    "10% headroom for XLA workspace, NCCL buffers and fragmentation ('' = the local device)",
+    "target GPU for the memory check (dry_run and preflight): the memory jax's allocator takes of it, its HBM x "
+    "XLA_PYTHON_CLIENT_MEM_FRACTION (jax's default 0.75), as train_compile counts it ('' = the local device)",
     ("", "h100", "h200", "b200", "gb200", "b300", "gb300"),
   ),
   "num_devices": Key(int, 0, "dry_run: the device count to plan for (0 = the ici/dcn product, else local)"),

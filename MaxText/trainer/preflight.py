@@ -9,7 +9,7 @@ import numpy as np
 
 from MaxText import precision, storage
 from MaxText.aot import targets
-from MaxText.config import hardware
+from MaxText.config import RunShape, hardware
 from MaxText.config.models import definition as model_definition
 from MaxText.model import accounting
 from MaxText.model.decoder import abstract_model
@@ -23,7 +23,11 @@ def device_memory_gib(cfg, devices):
   if cfg.hardware_memory_gib > 0:
     return cfg.hardware_memory_gib, "hardware_memory_gib"
   if cfg.gpu_type:
-    return accounting.gpu_usable_gib(cfg.gpu_type), f"a {cfg.gpu_type.upper()} (90% of its HBM)"
+    gpu = targets.GPUS[cfg.gpu_type]
+    return gpu.usable_bytes() / accounting.GIB, (
+      f"a {cfg.gpu_type.upper()} ({targets.memory_fraction():.0%} of its {gpu.device_memory_size / accounting.GIB:.1f}"
+      " GiB, XLA_PYTHON_CLIENT_MEM_FRACTION)"
+    )
   local = [d for d in devices if d.process_index == jax.process_index()]
   stats = local[0].memory_stats() if hasattr(local[0], "memory_stats") else None
   if stats and stats.get("bytes_limit"):
@@ -45,6 +49,18 @@ def local_hardware(cfg, devices):
     platform, gpu = "gpu", targets.GPUS.get(cfg.gpu_type)
     capability = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}" if gpu else None
   return hardware.Hardware(platform, float(capability) if capability else None, gib * accounting.GIB, what)
+
+
+def resolve_auto(cfg, hw, num_devices, num_processes):
+  """(cfg with its auto values made concrete for `hw` (config.hardware), what they became): remat_policy=auto
+  against the analytic memory estimate on the run's mesh."""
+
+  def memory_of(concrete):
+    mesh_sizes, _, _ = sharding.mesh_shape(concrete, num_devices, num_processes)
+    micro = RunShape.of(concrete, num_devices).micro_batch_size
+    return accounting.memory_per_device(concrete, mesh_sizes, micro).total_gib * accounting.GIB
+
+  return hardware.resolve(cfg, hw, num_devices, memory_of)
 
 
 def planned_devices(cfg, local_count):

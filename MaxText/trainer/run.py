@@ -7,7 +7,7 @@ import tempfile
 import jax
 
 from MaxText import precision, storage
-from MaxText.config import RunShape, hardware
+from MaxText.config import RunShape
 from MaxText.errors import UserError
 from MaxText.quantization import cpu_gemm
 from MaxText.runtime import compile_cache, distributed, job_stop, peers, preemption, sharding
@@ -64,7 +64,7 @@ def _train(cfg, process_index, process_count, watchdog, stop):
       preflight.planned_devices(cfg, len(devices)) if cfg.dry_run else (len(devices), process_count)
     )
   hw = aot_step.gpu_hardware(target.gpu, target.name) if target is not None else preflight.local_hardware(cfg, devices)
-  cfg, auto = hardware.resolve(cfg, hw, num_devices)
+  cfg, auto = preflight.resolve_auto(cfg, hw, num_devices, num_processes)
   run_shape = RunShape.of(cfg, num_devices)
   plan = precision.plan_from_config(cfg)
   mesh_sizes = preflight.sharding_plan(cfg, plan, num_devices, num_processes)

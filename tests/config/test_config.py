@@ -61,7 +61,7 @@ def test_llama_configs_have_the_published_shapes():
     ("scan_layers=maybe", "scan_layers='maybe' is not a valid bool"),
     (
       "remat_policy=some",
-      "remat_policy='some' is not one of: none, minimal, minimal_with_context, minimal_with_quantization,",
+      "remat_policy='some' is not one of: auto, none, minimal, minimal_with_context, minimal_with_quantization,",
     ),
     ("quantization=te_nvfp5", "quantization='te_nvfp5' is not one of"),
     ("steps=0", "steps=0 must be > 0"),
