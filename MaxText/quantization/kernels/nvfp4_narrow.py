@@ -26,7 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from MaxText.quantization.formats import grids, nvfp4, sr_bits
-from MaxText.quantization.kernels import ptx
+from MaxText.quantization.kernels import pallas_layout, ptx
 
 BLOCK = nvfp4.BLOCK
 KERNEL_PREFIX = "quantize_"
@@ -34,13 +34,6 @@ _NUM_WARPS = 4
 BLOCKS_PER_PROGRAM = 256  # 4096 elements: 32 per thread at 4 warps
 _NAN_WORD = np.uint32(0x88888888)  # eight E2M1 NaNs as XLA's convert writes them (-0)
 _RHT_NEGATIVE = tuple(i for i, s in enumerate(nvfp4.RHT_SIGNS) if s < 0)
-
-
-def _pow2_divisor(n, cap):
-  p = 1
-  while n % (2 * p) == 0 and 2 * p <= cap:
-    p *= 2
-  return p
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,11 +99,11 @@ class Tiling:
 def make_tiling(rows, blocks, *, transpose, dtype, tile_rows=1):
   """Tiles of about BLOCKS_PER_PROGRAM blocks; rows a multiple of tile_rows (16x16 tiles stay whole)."""
   if transpose:
-    block_rows = _pow2_divisor(rows, 64)
-    block_blocks = _pow2_divisor(blocks, max(1, BLOCKS_PER_PROGRAM // block_rows))
+    block_rows = pallas_layout.pow2_divisor(rows, 64)
+    block_blocks = pallas_layout.pow2_divisor(blocks, max(1, BLOCKS_PER_PROGRAM // block_rows))
   else:
-    block_blocks = _pow2_divisor(blocks, 8)
-    block_rows = _pow2_divisor(rows, max(tile_rows, BLOCKS_PER_PROGRAM // block_blocks))
+    block_blocks = pallas_layout.pow2_divisor(blocks, 8)
+    block_rows = pallas_layout.pow2_divisor(rows, max(tile_rows, BLOCKS_PER_PROGRAM // block_blocks))
   if block_rows % tile_rows:
     raise ValueError(f"nvfp4 kernel: rows {rows} are not a multiple of the tile's {tile_rows}")
   return Tiling(rows, blocks, transpose, jnp.dtype(dtype), block_rows, block_blocks)

@@ -20,7 +20,7 @@ MAX_BLOCK_COLS = 128
 MAX_TRANSPOSED_BLOCK = 64
 
 
-def _pow2_divisor(n, cap):
+def pow2_divisor(n, cap):
   """The largest power of two dividing n, at most cap."""
   p = 1
   while n % (2 * p) == 0 and 2 * p <= cap:
@@ -80,11 +80,11 @@ class Layout:
 def make_layout(rows, cols, *, transpose, pair=1):
   """Tiles for a padded operand [rows, cols]; rows divisible by `pair`."""
   col_cap = MAX_TRANSPOSED_BLOCK if transpose else MAX_BLOCK_COLS
-  block_cols = _pow2_divisor(cols, col_cap)
+  block_cols = pow2_divisor(cols, col_cap)
   row_cap = max(1, BLOCK_ELEMS // (pair * block_cols))
   if transpose:
     row_cap = min(row_cap, MAX_TRANSPOSED_BLOCK)
-  return Layout(rows, cols, transpose, pair, _pow2_divisor(rows // pair, row_cap), block_cols)
+  return Layout(rows, cols, transpose, pair, pow2_divisor(rows // pair, row_cap), block_cols)
 
 
 def pad_operand(x, *, transpose, row_multiple, col_multiple):
