@@ -3,8 +3,7 @@
 An operand is [rows, cols] with scaling blocks along cols, stored either as is or transposed (x_t,
 dy_t, w: the kernel reads x [cols, rows] and writes the operand, so x.T is never materialised). The
 kernel sees a [pair, block_rows, block_cols] tile: pair = 2 puts row r and row r + rows/2 in one
-program, which is how stochastic rounding shares each threefry word between its two 16-bit halves
-(grids.uniform16: element f uses word f's low half for f < n/2, word f - n/2's high half after).
+program (the kernels use pair = 1: stochastic rounding's draws depend on an element's row and column only).
 """
 
 import dataclasses
