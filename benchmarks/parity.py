@@ -42,8 +42,9 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import modes as modes_lib, packed, stats  # noqa: E402
-from MaxText import config as config_lib  # noqa: E402
-from MaxText.runtime import preemption  # noqa: E402
+from MaxText import config as config_lib, errors, storage  # noqa: E402
+from MaxText.errors import UserError  # noqa: E402
+from MaxText.runtime import environment, preemption  # noqa: E402
 
 DEFAULT_MODES = [
   "bf16",
@@ -448,7 +449,8 @@ def write_outputs(out, args, overrides, seeds, curves, evals, eval_tokens):
     table = markdown(rows, args.converged)
   else:
     table = markdown_seeds(rows, args.converged, pairwise(curves, args.converged))
-  (out / "curves.json").write_text(
+  storage.write_text(
+    out / "curves.json",
     json.dumps(
       {
         "machine": info,
@@ -466,9 +468,8 @@ def write_outputs(out, args, overrides, seeds, curves, evals, eval_tokens):
       indent=1,
     )
     + "\n",
-    encoding="utf-8",
   )
-  (out / "parity.md").write_text(f"{header}\n\n{table}\n", encoding="utf-8")
+  storage.write_text(out / "parity.md", f"{header}\n\n{table}\n")
   title = (
     textwrap.fill(header, 130)
     + "\n"
@@ -503,15 +504,25 @@ def main(argv=None):
   if args.parallel > 1:  # this process only reads the device count and name: it takes no share of a GPU's memory
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   out = pathlib.Path(args.out)
+  try:  # before jax starts (XLA aborts on a flag it doesn't know) and before any run trains
+    environment.check()
+    storage.check_output_dir(out, "--out")
+  except UserError as e:
+    modes_lib.fail(str(e))
   seeds, runs = plan_runs(args.config, overrides, args.modes, args.steps, args.seeds, args.eval_tokens, out)
   out.mkdir(parents=True, exist_ok=True)
   stopped = train_runs(runs, args.steps, args.parallel, child_environ)
   if stopped is not None:
     return stopped
   curves, evals, eval_tokens = collect(runs, args.steps, args.modes, seeds)
-  write_outputs(out, args, overrides, seeds, curves, evals, eval_tokens)
+  with preemption.deferred():  # the three files whole, or (a stop signal) as they were
+    try:
+      write_outputs(out, args, overrides, seeds, curves, evals, eval_tokens)
+    except OSError as e:  # a full disk, a quota: one line (the runs are kept; rerunning writes the table)
+      modes_lib.fail(str(errors.storage_fault(e) or e))
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  with preemption.exit_on_signals("stopped outside a run (none was cut short); rerun the same command to go on"):
+    sys.exit(main())
