@@ -156,6 +156,18 @@ def write_text(path, text):
   fs.pipe_file(p, text.encode("utf-8"))
 
 
+def _check_makeable(path, what, directory=False):
+  """StorageError unless the nearest existing ancestor of absolute local `path` (`path` itself, for a `directory`)
+  is a writable directory (missing directories between are made, as mkdir -p)."""
+  existing = path if directory else os.path.dirname(path)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise StorageError(f"{what}={path} can't be written: {existing} is a file, not a directory; give another path")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise StorageError(f"{what}={path} can't be written: {existing} is not a writable directory; give another path")
+
+
 def check_output_file(path, what, example="out.json"):
   """StorageError now, before the work whose result goes to `path` (a file it writes whole at the end), if `path`
   can't be that file: a directory, or under a parent that is a file or not writable. Missing parent directories are
@@ -166,13 +178,7 @@ def check_output_file(path, what, example="out.json"):
   path = os.path.abspath(os.fspath(path))
   if os.path.isdir(path):
     raise StorageError(f"{what}={path} is a directory; give a file name, e.g. {what}={os.path.join(path, example)}")
-  parent = os.path.dirname(path)
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent):
-    raise StorageError(f"{what}={path} can't be written: {parent} is a file, not a directory; give another path")
-  if not os.access(parent, os.W_OK | os.X_OK):
-    raise StorageError(f"{what}={path} can't be written: {parent} is not a writable directory; give another path")
+  _check_makeable(path, what)
   if len(os.path.basename(path).encode()) > 255 - len(f".tmp-{os.getpid()}") - 1:
     raise StorageError(f"{what}={path}: the file name is too long (at most 255 bytes with its temporary suffix)")
 
@@ -186,13 +192,7 @@ def check_output_dir(path, what):
   path = os.path.abspath(os.fspath(path))
   if os.path.exists(path) and not os.path.isdir(path):
     raise StorageError(f"{what} {path} is a file, not a directory; give a directory (it is made if missing)")
-  existing = path
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
-    raise StorageError(f"{what} {path} can't be made: {existing} is a file, not a directory; give another path")
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise StorageError(f"{what} {path}: {existing} is not a writable directory; give another path")
+  _check_makeable(path, what, directory=True)
 
 
 def write_file(path, text):

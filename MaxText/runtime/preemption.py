@@ -243,13 +243,8 @@ def exit_on_signals(line="stopped before the command finished; nothing was writt
     return
   _state["exiting"] = line
   try:
-    with _watching():
-      previous = {s: signal.signal(s, _handle) for s in SIGNALS if signal.getsignal(s) != signal.SIG_IGN}
-      try:
-        yield
-      finally:
-        for s, handler in previous.items():
-          signal.signal(s, handler)
+    with _watching(), _handlers(_handle):
+      yield
   finally:
     _state["exiting"] = None
 

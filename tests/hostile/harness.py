@@ -21,30 +21,13 @@ import sys
 
 import pytest
 
-from tests.conftest import JAX_CACHE, REPO, cpu_subprocess_env
+from tests.conftest import REPO, cpu_subprocess_env
+from tests.trainer.test_train import SMALL
 
 SETPRIV = shutil.which("setpriv")
 NO_DAC = [SETPRIV, "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search", "--"]
 DEBRIS = (".partial-", ".tmp")  # in the name of something a command half-wrote
-# The tiny model's keys, as tests/trainer/test_train.py's SMALL: its compilations are shared through the cache.
-TINY = [
-  str(REPO / "configs" / "llama3_tiny.yml"),
-  "base_emb_dim=64",
-  "base_num_query_heads=4",
-  "base_num_kv_heads=2",
-  "head_dim=16",
-  "base_mlp_dim=128",
-  "base_num_decoder_layers=2",
-  "vocab_size=258",
-  "max_target_length=32",
-  "per_device_batch_size=8",
-  "learning_rate=3e-3",
-  "enable_tensorboard=false",
-  "dataset_type=synthetic",
-  "eval_interval=0",
-  "learning_rate_schedule_steps=100",
-  f"jax_cache_dir={JAX_CACHE}",
-]
+TINY = [str(REPO / "configs" / "llama3_tiny.yml"), *SMALL]  # the suite's tiny model: its compilations are cached
 
 
 def env(**extra):
