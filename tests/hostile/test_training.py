@@ -203,8 +203,12 @@ def test_a_resume_after_a_killed_save_saves_and_matches_an_uninterrupted_run(tmp
   cut = [*keys, f"base_output_directory={tmp_path}", "run_name=cut"]
   first = harness.run(harness.train_py(*cut, "steps=2"))
   assert first.returncode == 0 and _steps(tmp_path / "cut") == ["2"], first.stderr[-2000:]
-  if stop == "leftover":
-    shutil.copytree(tmp_path / "cut" / "checkpoints" / "2", tmp_path / "cut" / "checkpoints" / "4.orbax-checkpoint-tmp")
+  if stop == "leftover":  # as a large model's step leaves it: many files (two deletions of it overlap for long)
+    leftover = tmp_path / "cut" / "checkpoints" / "4.orbax-checkpoint-tmp"
+    shutil.copytree(tmp_path / "cut" / "checkpoints" / "2", leftover)
+    for i in range(2000):
+      (leftover / "state" / f"shard{i // 100}").mkdir(exist_ok=True)
+      (leftover / "state" / f"shard{i // 100}" / str(i)).write_bytes(b"x" * 64)
   else:
     killed = harness.run(harness.train_py(*cut, "steps=6"), MAXTEXT_SIGNAL_AT=f"save:{stop}")
     assert killed.returncode == code and harness.stderr_lines(killed) == lines, killed.stderr[-2000:]
