@@ -10,6 +10,7 @@ moved aside. Never a silent restart from step 0.
 """
 
 import contextlib
+import functools
 import io
 import logging
 import pathlib
@@ -538,12 +539,15 @@ def _noise_log(step_dir):
   return pathlib.Path(tempfile.gettempdir()) / "maxtext_checkpoint_errors" / f"{name}.log"
 
 
+_reads_noise_to = functools.cache(late_noise.closed_loop_to)  # a route per log file, kept for the process
+
+
 @contextlib.contextmanager
 def reading(step_dir):
   """Around a read-only command's reads of checkpoint `step_dir`: what Orbax's threads print after a failed read
   (tracebacks of callbacks on a closed event loop, from other threads, at any time) goes to a log (_noise_log), not
   around the one line the user needs (for the rest of the process: those callbacks run late)."""
-  late_noise.closed_loop_to(_noise_log(step_dir))
+  _reads_noise_to(_noise_log(step_dir))
   try:
     yield
   except BaseException:
