@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup data data-english train compare test test-avx2 test-all lint docs bench gpu-bench clean te test-te train-compile
+.PHONY: setup data data-english train compare test test-avx2 test-hostile test-all lint docs bench gpu-bench clean te \
+	test-te train-compile
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +49,11 @@ test: setup
 test-avx2: setup
 	$(PY) benchmarks/isa_cap.py avx2 -- $(PY) -m pytest -q -n 2 tests
 
+# The hostile cases' slow half (tests/hostile: the conversions' cases, resumes after a killed save, full disks): what
+# `make test` leaves out of them for time; .ci/run runs both.
+test-hostile: setup
+	$(PY) -m pytest -q -n 2 -m slow tests/hostile
+
 test-all: setup
 	$(PY) -m pytest -q -n 2 -m "" tests
 
@@ -87,4 +93,4 @@ gpu-bench:
 	scripts/gpu_bench.sh $(ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-te outputs data .pytest_cache docs/_build docs/_generated
+	rm -rf $(VENV) .venv-te .venv-te.lock outputs data .pytest_cache docs/_build docs/_generated

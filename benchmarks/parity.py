@@ -37,14 +37,14 @@ import signal
 import sys
 import textwrap
 
-import jax
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import modes as modes_lib, packed, stats  # noqa: E402
-from MaxText import config as config_lib  # noqa: E402
-from MaxText.runtime import preemption  # noqa: E402
+from MaxText import config as config_lib, errors, storage  # noqa: E402
+from MaxText.errors import UserError  # noqa: E402
+from MaxText.runtime import environment, preemption  # noqa: E402
 
 DEFAULT_MODES = [
   "bf16",
@@ -450,7 +450,9 @@ def collect(runs, steps, modes, seeds):
 def step_memory_gib(runs, modes):
   """{mode: GiB per device of its train step (XLA's memory analysis of the step compiled for this machine's
   devices: arguments, outputs and temporaries at their peak)}, one compile per mode."""
-  from MaxText.trainer import aot_step  # pylint: disable=import-outside-toplevel  (jax and the model: only here)
+  import jax  # pylint: disable=import-outside-toplevel  (jax and the model load only where they are used)
+
+  from MaxText.trainer import aot_step  # pylint: disable=import-outside-toplevel
 
   first = {}
   for run in runs:
@@ -501,7 +503,8 @@ def write_outputs(out, args, overrides, seeds, collected, memory, cfg):
     f"\n\n{scope_note(model, args.steps, info['device'])} Tokens/s: each run's median step, mean over seeds, "
     f"{args.parallel} run(s) at once; step memory: XLA's memory analysis of the compiled train step."
   )
-  (out / "curves.json").write_text(
+  storage.write_text(
+    out / "curves.json",
     json.dumps(
       {
         "machine": info,
@@ -519,9 +522,8 @@ def write_outputs(out, args, overrides, seeds, collected, memory, cfg):
       indent=1,
     )
     + "\n",
-    encoding="utf-8",
   )
-  (out / "parity.md").write_text(f"{header}\n\n{table}\n\n![loss curves and gaps](parity.png)\n", encoding="utf-8")
+  storage.write_text(out / "parity.md", f"{header}\n\n{table}\n\n![loss curves and gaps](parity.png)\n")
   title = (
     textwrap.fill(header, 130)
     + "\n"
@@ -556,6 +558,11 @@ def main(argv=None):
   if args.parallel > 1:  # this process only reads the device count and name: it takes no share of a GPU's memory
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   out = pathlib.Path(args.out)
+  try:  # before jax starts (XLA aborts on a flag it doesn't know) and before any run trains
+    environment.check()
+    storage.check_output_dir(out, "--out")
+  except UserError as e:
+    modes_lib.fail(str(e))
   seeds, runs = plan_runs(args.config, overrides, args.modes, args.steps, args.seeds, args.eval_tokens, out)
   out.mkdir(parents=True, exist_ok=True)
   stopped = train_runs(runs, args.steps, args.parallel, child_environ)
@@ -563,9 +570,14 @@ def main(argv=None):
     return stopped
   collected = collect(runs, args.steps, args.modes, seeds)
   memory = step_memory_gib(runs, args.modes)
-  write_outputs(out, args, overrides, seeds, collected, memory, runs[0].cfg)
+  with preemption.deferred():  # the three files whole, or (a stop signal) as they were
+    try:
+      write_outputs(out, args, overrides, seeds, collected, memory, runs[0].cfg)
+    except OSError as e:  # a full disk, a quota: one line (the runs are kept; rerunning writes the table)
+      modes_lib.fail(str(errors.storage_fault(e) or e))
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  with preemption.exit_on_signals("stopped outside a run (none was cut short); rerun the same command to go on"):
+    sys.exit(main())

@@ -10,6 +10,7 @@ from MaxText import precision, storage
 from MaxText.config import RunShape
 from MaxText.errors import UserError
 from MaxText.quantization import cpu_gemm
+from MaxText.quantization.errors import BackendError
 from MaxText.runtime import compile_cache, distributed, job_stop, peers, preemption, sharding
 from MaxText.trainer import aot_step, preflight, run_setup
 from MaxText.trainer.loop import Loop, NonFiniteLoss
@@ -30,7 +31,30 @@ def train(cfg):
   job every process stops after the same step (runtime/job_stop.py), and a process that dies, hangs or fails
   is named by the others, which exit too (runtime/peers.py).
   """
+  refuse_train_compile_keys(cfg)
   cpu_gemm.configure(cfg.cpu_gemm_dtype)
+  try:
+    return _joined(cfg)
+  except BackendError as e:
+    raise precision.backend_error_for_key(cfg, e) from None
+
+
+COMPILE_OUTPUT_KEYS = ("compile_report", "compile_hlo")
+
+
+def refuse_train_compile_keys(cfg):
+  """compile_report and compile_hlo are train_compile's outputs: a training run writes neither, so setting one is a
+  mistake said before anything runs."""
+  for key in COMPILE_OUTPUT_KEYS:
+    if getattr(cfg, key):
+      raise UserError(
+        f"{key}={getattr(cfg, key)} does nothing in a training run: it is where python -m MaxText.train_compile "
+        f"writes its {'report' if key == 'compile_report' else 'optimized HLO'}; run train_compile with it, or drop it"
+      )
+
+
+def _joined(cfg):
+  """train()'s run, inside the process's stop handling and the job (single- or multi-process)."""
   with preemption.installed(), matmul_precision(cfg):
     process_index, process_count = distributed.initialize(cfg)
     if process_count == 1:

@@ -247,8 +247,10 @@ def test_file_errors(tmp_path):
     config.load(latin1)
   unreadable = tmp_path / "dir.yml"
   unreadable.mkdir()
-  with pytest.raises(config.ConfigError, match="config file not found"):
+  with pytest.raises(config.ConfigError, match="config file .*dir.yml is a directory; give a YAML file$"):
     config.load(unreadable)
+  with pytest.raises(config.ConfigError, match=r"is a directory; give a YAML file \(in it: base.yml, llama3.1_405b"):
+    config.load(REPO / "configs")
   loop = tmp_path / "loop.yml"
   loop.write_text("base_config: loop.yml\n")
   with pytest.raises(config.ConfigError, match="cycle"):
