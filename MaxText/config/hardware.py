@@ -50,8 +50,9 @@ def logits_bytes(tokens, vocab_size, tiles):
 
 
 def vocab_tiles(tokens_per_device, vocab_size, max_target_length, memory_bytes):
-  """(tiles, why) for num_vocab_tiling=auto: 1 while one device's logits take at most LOGITS_SHARE of its memory
-  (or its memory is unknown), else the fewest tiles, a divisor of max_target_length, that bring one tile under it."""
+  """(tiles, why) for num_vocab_tiling=auto on a GPU: 1 while one device's logits take at most LOGITS_SHARE of its
+  memory (or its memory is unknown), else the fewest tiles, a divisor of max_target_length, that bring one tile under
+  it."""
   whole = logits_bytes(tokens_per_device, vocab_size, 1)
   budget = memory_bytes * LOGITS_SHARE
   share = f"1/{round(1 / LOGITS_SHARE)} of its {memory_bytes / GIB:.1f} GiB"
@@ -95,7 +96,9 @@ def resolve(cfg, hw, num_devices, memory_of=None):
   chosen = {}
   if cfg.attention == "auto":
     chosen["attention"] = attention_kernel(hw)
-  if cfg.num_vocab_tiling == -1:
+  if cfg.num_vocab_tiling == -1 and hw.platform != "gpu":  # a CPU's memory is the host's: the same program anywhere
+    chosen["num_vocab_tiling"] = (1, "")
+  elif cfg.num_vocab_tiling == -1:
     tokens = RunShape.of(cfg, num_devices).micro_batch_size * cfg.max_target_length / num_devices
     chosen["num_vocab_tiling"] = vocab_tiles(tokens, cfg.vocab_size, cfg.max_target_length, hw.memory_bytes)
   cfg = cfg.replace(**{k: v for k, (v, _) in chosen.items()})

@@ -267,8 +267,9 @@ SCHEMA = {
     -1,
     "compute the lm head and its cross-entropy in this many tiles of the sequence, "
     "gradients included, so the [tokens, vocab] f32 logits are never whole in memory "
-    "(1 = off; must divide max_target_length; -1 = auto: tiled only where one device's f32 logits and their "
-    "gradient would take over 1/16 of its memory, in the fewest tiles that bring them under; the log says how many)",
+    "(1 = off; must divide max_target_length; -1 = auto: on a GPU tiled only where one device's f32 logits and "
+    "their gradient would take over 1/16 of its memory, in the fewest tiles that bring them under, the log says how "
+    "many; 1 on a CPU)",
   ),
   # -- distribution
   "hardware": Key(

@@ -43,8 +43,9 @@ def test_resolve_makes_auto_values_concrete_and_keeps_explicit_ones():
   assert line.startswith("auto: attention=cudnn_flash (cuDNN's fused flash attention on gb200-4); num_vocab_tiling=4")
   cfg, chosen = hardware.resolve(_cfg("attention=dot_product", "num_vocab_tiling=2", "remat_policy=minimal"), GB200, 4)
   assert (cfg.attention, cfg.num_vocab_tiling, chosen) == ("dot_product", 2, {})
-  cfg, chosen = hardware.resolve(_cfg(), hardware.Hardware("cpu", None, 0, "1 x cpu"), 1)
-  assert (cfg.attention, cfg.num_vocab_tiling, cfg.remat_policy) == ("dot_product", 1, "full")
+  for memory in (0, 2**30):  # a CPU: the same program whatever the host's memory
+    cfg, chosen = hardware.resolve(_cfg("per_device_batch_size=4"), hardware.Hardware("cpu", None, memory), 1)
+    assert (cfg.attention, cfg.num_vocab_tiling, cfg.remat_policy) == ("dot_product", 1, "full")
   # Gradient accumulation: the logits are those of one micro-batch.
   cfg, _ = hardware.resolve(_cfg("per_device_batch_size=4", "gradient_accumulation_steps=4"), GB200, 4)
   assert cfg.num_vocab_tiling == 1
