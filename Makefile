@@ -1,11 +1,11 @@
-# `make train` (set up and train llama3_tiny with NVFP4 MLP GEMMs), `make compare` (the same against BF16,
-# loss curves and table), `make test` and `make lint` (their tools pinned in requirements-dev.txt) and `make docs`
-# (the site).
+# `make train` (set up and train llama3_tiny with NVFP4 MLP GEMMs), `make compare` (te_nvfp4 and te_nvfp4_no_rht against FP8 and BF16,
+# loss curves and table), `make test` and `make lint` (their tools pinned in requirements-dev.txt) and `make docs` (the site).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup data data-english train compare test test-all lint docs bench gpu-bench clean te test-te train-compile
+.PHONY: setup data data-english train compare test test-avx2 test-hostile test-all lint docs bench gpu-bench clean te \
+	test-te train-compile
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,10 +38,22 @@ train: data
 	$(PY) train.py configs/llama3_tiny.yml quantization=te_nvfp4 $(ARGS)
 
 compare: data $(VENV)/.dev-installed
-	$(PY) benchmarks/parity.py --config configs/llama3_tiny.yml --modes bf16,te_nvfp4 --steps 200 --out outputs/compare $(ARGS)
+	$(PY) benchmarks/parity.py --config configs/llama3_tiny.yml --modes te_fp8_currentscaling,te_nvfp4,te_nvfp4_no_rht,bf16 \
+	  --seeds 2 --steps 200 --out outputs/compare $(ARGS)
 
 test: $(VENV)/.dev-installed
 	$(PY) -m pytest -q -n 2 tests
+
+# The suite as a CPU without AMX or AVX-512 runs it (most laptops' and cloud x86 CPUs): benchmarks/isa_cap.py hides
+# those features from CPUID and /proc/cpuinfo, so cpu_gemm's auto (f32 GEMM operands there) and the GEMM libraries
+# choose as they would on such a CPU. Linux x86_64 with CPUID faulting (KVM guests have it) and a C compiler.
+test-avx2: $(VENV)/.dev-installed
+	$(PY) benchmarks/isa_cap.py avx2 -- $(PY) -m pytest -q -n 2 tests
+
+# The hostile cases' slow half (tests/hostile: the conversions' cases, resumes after a killed save, full disks): what
+# `make test` leaves out of them for time; .ci/run runs both.
+test-hostile: $(VENV)/.dev-installed
+	$(PY) -m pytest -q -n 2 -m slow tests/hostile
 
 test-all: $(VENV)/.dev-installed
 	$(PY) -m pytest -q -n 2 -m "" tests
@@ -82,4 +94,4 @@ gpu-bench:
 	scripts/gpu_bench.sh $(ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-te outputs data .pytest_cache docs/_build docs/_generated
+	rm -rf $(VENV) .venv-te .venv-te.lock outputs data .pytest_cache docs/_build docs/_generated

@@ -136,15 +136,70 @@ def read_text(path):
 
 
 def write_text(path, text):
-  """`text` as the whole file at `path` (replaced; local files through a temporary file and a rename)."""
+  """`text` as the whole file at `path`, or nothing: a local file is written under a temporary name beside it
+  (`.<name>.tmp-<pid>`) and renamed into place, the temporary file removed if the write fails."""
   if not is_remote(path):
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-    os.replace(tmp, path)
+    directory, name = os.path.split(os.fspath(path))
+    tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+    try:
+      with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+      os.replace(tmp, path)
+    except BaseException:
+      try:
+        os.remove(tmp)
+      except OSError:
+        pass  # never created, or already gone: the write's error is the one to say
+      raise
     return
   fs, p = filesystem(path, "path")
   fs.pipe_file(p, text.encode("utf-8"))
+
+
+def _check_makeable(path, what, directory=False):
+  """StorageError unless the nearest existing ancestor of absolute local `path` (`path` itself, for a `directory`)
+  is a writable directory (missing directories between are made, as mkdir -p)."""
+  existing = path if directory else os.path.dirname(path)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise StorageError(f"{what}={path} can't be written: {existing} is a file, not a directory; give another path")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise StorageError(f"{what}={path} can't be written: {existing} is not a writable directory; give another path")
+
+
+def check_output_file(path, what, example="out.json"):
+  """StorageError now, before the work whose result goes to `path` (a file it writes whole at the end), if `path`
+  can't be that file: a directory, or under a parent that is a file or not writable. Missing parent directories are
+  fine (write_file makes them); a URL's scheme must have its package."""
+  if is_remote(path):
+    filesystem(path, what)
+    return
+  path = os.path.abspath(os.fspath(path))
+  if os.path.isdir(path):
+    raise StorageError(f"{what}={path} is a directory; give a file name, e.g. {what}={os.path.join(path, example)}")
+  _check_makeable(path, what)
+  if len(os.path.basename(path).encode()) > 255 - len(f".tmp-{os.getpid()}") - 1:
+    raise StorageError(f"{what}={path}: the file name is too long (at most 255 bytes with its temporary suffix)")
+
+
+def check_output_dir(path, what):
+  """StorageError now, before the work whose results go into directory `path`, if it can't be that directory: a
+  file, or under a parent that is a file or not writable (missing parents are made, as mkdir -p)."""
+  if is_remote(path):
+    filesystem(path, what)
+    return
+  path = os.path.abspath(os.fspath(path))
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise StorageError(f"{what} {path} is a file, not a directory; give a directory (it is made if missing)")
+  _check_makeable(path, what, directory=True)
+
+
+def write_file(path, text):
+  """write_text, making `path`'s missing parent directories first (check_output_file said they can be made)."""
+  if not is_remote(path):
+    os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)
+  write_text(path, text)
 
 
 def remove(path):

@@ -54,7 +54,7 @@ def attention_fns(cfg):
     cfg.rope_high_freq_factor,
     cfg.rope_original_max_position,
   )
-  kernel = attention.ATTENTION_KERNELS[cfg.attention]
+  kernel = attention.attention_kernel(cfg.attention)
   mask = jnp.ones((b, 1, s, s), bool)
   return {
     "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"),

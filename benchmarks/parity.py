@@ -42,8 +42,9 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import modes as modes_lib, packed, stats  # noqa: E402
-from MaxText import config as config_lib  # noqa: E402
-from MaxText.runtime import preemption  # noqa: E402
+from MaxText import config as config_lib, errors, storage  # noqa: E402
+from MaxText.errors import UserError  # noqa: E402
+from MaxText.runtime import environment, preemption  # noqa: E402
 
 DEFAULT_MODES = [
   "bf16",
@@ -56,6 +57,7 @@ DEFAULT_MODES = [
   "te_nvfp4:quantization_scope=all_dense",
 ]
 CONFIDENCE = 0.95
+COST_HEAD = " tokens/s/device (vs baseline) | step memory/device, GiB (XLA) |"
 
 
 def smooth(losses, window):
@@ -161,8 +163,11 @@ def markdown(rows, converged):
   lines = [
     f"| mode | final loss | gap to {base} (last {converged:.0%}) | gap % | noise band (baseline std) | "
     f"gap spread (paired std) | tokens to reach {base}'s final loss |"
-    + (" final eval loss | eval gap | eval gap % |" if has_eval else ""),
-    "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if has_eval else ""),
+    + (" final eval loss | eval gap | eval gap % |" if has_eval else "")
+    + (COST_HEAD if "step_memory_gib" in rows[0] else ""),
+    "|---|---:|---:|---:|---:|---:|---:|"
+    + ("---:|---:|---:|" if has_eval else "")
+    + ("---:|---:|" if "step_memory_gib" in rows[0] else ""),
   ]
   for r in rows:
     ratio = f"{r['tokens_ratio']:.2f}x" if r["tokens_ratio"] else f"> {r['tokens_ratio_lower_bound']:.2f}x"
@@ -175,6 +180,8 @@ def markdown(rows, converged):
         f" {r['eval_loss_seeds']['mean']:.4f} | {r['eval_gap_nats_seeds']['mean']:+.4f} | "
         f"{r['eval_gap_percent_seeds']['mean']:+.2f}% |"
       )
+    if "step_memory_gib" in r:
+      line += _cost_cells(r, rows[0])
     lines.append(line)
   return "\n".join(lines)
 
@@ -193,12 +200,14 @@ def markdown_seeds(rows, converged, pairs=()):
   )
   if has_eval:
     head += " final eval loss | eval gap, nats | eval gap % | per-seed eval gaps | eval gap ≠ 0? |"
+  costs = "step_memory_gib" in rows[0]
+  head += COST_HEAD if costs else ""
   lines = [
     f"{n} seeds {', '.join(map(str, rows[0]['seeds']))}; intervals: Student t, {n - 1} degrees of freedom, "
     f"over the per-seed paired gaps.",
     "",
     head,
-    "|---|---:|---:|---:|---|---|" + ("---:|---:|---:|---|---|" if has_eval else ""),
+    "|---|---:|---:|---:|---|---|" + ("---:|---:|---:|---|---|" if has_eval else "") + ("---:|---:|" if costs else ""),
   ]
   for r in rows:
     line = (
@@ -212,7 +221,7 @@ def markdown_seeds(rows, converged, pairs=()):
         f"{_fmt(r['eval_gap_percent_seeds'], 2, '%')} | {_seeds_text(r['eval_gap_nats_seeds'])} | "
         f"{r['eval_gap_nats_seeds']['verdict'] if r['mode'] != base else '-'} |"
       )
-    lines.append(line)
+    lines.append(line + (_cost_cells(r, rows[0]) if costs else ""))
   if pairs:
     lines += [
       "",
@@ -421,8 +430,9 @@ def _run_of(todo, job):
 
 
 def collect(runs, steps, modes, seeds):
-  """({mode: {seed: losses}}, {mode: {seed: {step: eval loss}}}, {mode: {seed: eval tokens of the last eval}})."""
-  curves, evals, eval_tokens = ({m: {} for m in modes} for _ in range(3))
+  """({mode: {seed: losses}}, {mode: {seed: {step: eval loss}}}, {mode: {seed: eval tokens of the last eval}},
+  {mode: {seed: median tokens/s per device}})."""
+  curves, evals, eval_tokens, speed = ({m: {} for m in modes} for _ in range(4))
   for run in runs:
     records = modes_lib.read_metrics(run.run_dir)
     missing = [s for s in range(steps) if s not in records]
@@ -431,13 +441,53 @@ def collect(runs, steps, modes, seeds):
     curves[run.mode][run.seed] = [records[s]["loss"] for s in range(steps)]
     evals[run.mode][run.seed] = {s: r["eval_loss"] for s, r in records.items() if "eval_loss" in r and s < steps}
     eval_tokens[run.mode][run.seed] = records[steps - 1].get("eval_weights")
+    # The median step: the steps that compiled (the first of each start, a resume's too) are a few outliers.
+    speed[run.mode][run.seed] = float(np.median([records[s]["Tokens/s/device"] for s in range(steps)]))
   assert all(list(curves[m]) == seeds for m in modes)
-  return curves, evals, eval_tokens
+  return curves, evals, eval_tokens, speed
 
 
-def write_outputs(out, args, overrides, seeds, curves, evals, eval_tokens):
+def step_memory_gib(runs, modes):
+  """{mode: GiB per device of its train step (XLA's memory analysis of the step compiled for this machine's
+  devices: arguments, outputs and temporaries at their peak)}, one compile per mode."""
+  import jax  # pylint: disable=import-outside-toplevel  (jax and the model load only where they are used)
+
+  from MaxText.trainer import aot_step  # pylint: disable=import-outside-toplevel
+
+  first = {}
+  for run in runs:
+    first.setdefault(run.mode, run.cfg)
+  return {
+    m: aot_step.compile_step(first[m], jax.devices(), compile_only=False).memory["peak_bytes"] / 2**30 for m in modes
+  }
+
+
+def measured(rows, speed, memory):
+  """The table's rows with each mode's tokens/s per device (mean over seeds of each run's median step) and step
+  memory beside its loss."""
+  for row in rows:
+    row["tokens_per_s_per_device"] = float(np.mean([speed[row["mode"]][s] for s in row["seeds"]]))
+    row["step_memory_gib"] = memory[row["mode"]]
+  return rows
+
+
+def _cost_cells(row, base):
+  ratio = row["tokens_per_s_per_device"] / base["tokens_per_s_per_device"]
+  return f" {row['tokens_per_s_per_device']:,.0f} ({ratio:.2f}x) | {row['step_memory_gib']:.2f} |"
+
+
+def scope_note(model, steps, device):
+  """What the gaps may be compared with: the published recipe's figure is Llama 3 8B over 10k steps on GPUs."""
+  published = "published recipe: NVFP4 within 0.026 nats of FP8, Llama 3 8B over 10k steps on GB200s"
+  if model == "llama3-8b" and steps >= 10_000:
+    return f"The gaps compare with the {published}."
+  return f"A small-model check ({model}, {steps} steps on {device}): its gaps are not comparable with the {published}."
+
+
+def write_outputs(out, args, overrides, seeds, collected, memory, cfg):
+  curves, evals, eval_tokens, speed = collected
   final = {m: {s: e.get(args.steps - 1) for s, e in by_seed.items()} for m, by_seed in evals.items()}
-  rows = analyse_seeds(curves, final, args.converged)
+  rows = measured(analyse_seeds(curves, final, args.converged), speed, memory)
   info = modes_lib.machine()
   tokens = sorted({int(t) for by_seed in eval_tokens.values() for t in by_seed.values() if t})
   header = (
@@ -448,7 +498,13 @@ def write_outputs(out, args, overrides, seeds, curves, evals, eval_tokens):
     table = markdown(rows, args.converged)
   else:
     table = markdown_seeds(rows, args.converged, pairwise(curves, args.converged))
-  (out / "curves.json").write_text(
+  model = cfg.model_name or pathlib.Path(args.config).stem
+  table += (
+    f"\n\n{scope_note(model, args.steps, info['device'])} Tokens/s: each run's median step, mean over seeds, "
+    f"{args.parallel} run(s) at once; step memory: XLA's memory analysis of the compiled train step."
+  )
+  storage.write_text(
+    out / "curves.json",
     json.dumps(
       {
         "machine": info,
@@ -466,9 +522,8 @@ def write_outputs(out, args, overrides, seeds, curves, evals, eval_tokens):
       indent=1,
     )
     + "\n",
-    encoding="utf-8",
   )
-  (out / "parity.md").write_text(f"{header}\n\n{table}\n", encoding="utf-8")
+  storage.write_text(out / "parity.md", f"{header}\n\n{table}\n\n![loss curves and gaps](parity.png)\n")
   title = (
     textwrap.fill(header, 130)
     + "\n"
@@ -503,15 +558,26 @@ def main(argv=None):
   if args.parallel > 1:  # this process only reads the device count and name: it takes no share of a GPU's memory
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   out = pathlib.Path(args.out)
+  try:  # before jax starts (XLA aborts on a flag it doesn't know) and before any run trains
+    environment.check()
+    storage.check_output_dir(out, "--out")
+  except UserError as e:
+    modes_lib.fail(str(e))
   seeds, runs = plan_runs(args.config, overrides, args.modes, args.steps, args.seeds, args.eval_tokens, out)
   out.mkdir(parents=True, exist_ok=True)
   stopped = train_runs(runs, args.steps, args.parallel, child_environ)
   if stopped is not None:
     return stopped
-  curves, evals, eval_tokens = collect(runs, args.steps, args.modes, seeds)
-  write_outputs(out, args, overrides, seeds, curves, evals, eval_tokens)
+  collected = collect(runs, args.steps, args.modes, seeds)
+  memory = step_memory_gib(runs, args.modes)
+  with preemption.deferred():  # the three files whole, or (a stop signal) as they were
+    try:
+      write_outputs(out, args, overrides, seeds, collected, memory, runs[0].cfg)
+    except OSError as e:  # a full disk, a quota: one line (the runs are kept; rerunning writes the table)
+      modes_lib.fail(str(errors.storage_fault(e) or e))
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  with preemption.exit_on_signals("stopped outside a run (none was cut short); rerun the same command to go on"):
+    sys.exit(main())

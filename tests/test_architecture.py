@@ -18,9 +18,9 @@ RANKS = [
   ("MaxText.errors", 0),
   ("MaxText.quantization", 0),
   ("MaxText.config", 1),
-  ("MaxText.cli", 1),  # what the command lines share
   ("MaxText.storage", 1),  # local paths and URLs (fsspec), for everything above that reads or writes files
   ("MaxText.runtime", 2),
+  ("MaxText.cli", 2.5),  # what the command lines share: one-line errors, the signals and environment (runtime)
   ("MaxText.aot", 2),  # GPU targets, compile-only devices, optimized-HLO reading, the roofline (no trainer)
   ("MaxText.data", 2),
   ("MaxText.precision", 3),

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from MaxText.aot import targets
 from tests.conftest import REPO
 
 SUBMIT = REPO / "scripts" / "slurm" / "submit.sh"
@@ -136,7 +137,7 @@ def test_gb300_405b_preset_fits_in_dry_run():
   text, mem = preflight.summary(cfg, config.RunShape.of(cfg, 128), mesh)
   assert "mesh: data 1 x fsdp 128 x context 1 x tensor 1 (128 device(s))" in text
   fits, need, have, _ = preflight.memory_check(cfg, mem, None)
-  assert fits and 60 < need < have and have == pytest.approx(288e9 * 0.9 / 2**30)
+  assert fits and 60 < need < have and have == pytest.approx(targets.GPUS["gb300"].usable_bytes() / 2**30)
 
 
 @pytest.mark.parametrize(

@@ -16,14 +16,24 @@ and compiles a block-scaled dot to a naive loop).
 """
 
 import dataclasses
+import os
 import re
 
 from MaxText.errors import UserError
 
 GB = 1e9
+DEFAULT_MEM_FRACTION = 0.75  # jax's XLA_PYTHON_CLIENT_MEM_FRACTION default: the share of HBM its allocator takes
 CUDNN_VERSION = (9, 28, 1)
 CUDA_VERSION = (13, 0, 0)
 XLA_SPECS = "openxla/xla xla/backends/gpu/target_config/specs/"
+
+
+def memory_fraction():
+  """The share of a GPU's memory jax's allocator takes: $XLA_PYTHON_CLIENT_MEM_FRACTION, else jax's 0.75."""
+  try:
+    return float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", DEFAULT_MEM_FRACTION))
+  except ValueError:
+    return DEFAULT_MEM_FRACTION
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +60,10 @@ class Gpu:
   def peak_flops(self, dtype):
     """Dense tensor-core FLOP/s for operands of `dtype` (bf16, fp8, fp4, tf32)."""
     return 2.0 * self.matrix_ops_per_clock[dtype] * 4 * self.core_count * self.matrix_clock_ghz * 1e9
+
+  def usable_bytes(self):
+    """The memory jax's allocator takes of this GPU: its HBM x memory_fraction()."""
+    return self.device_memory_size * memory_fraction()
 
   @property
   def sm(self):

@@ -16,17 +16,15 @@ import logging
 import pathlib
 import re
 import shutil
-import sys
 import tempfile
-import threading
 import traceback
-import warnings
 
 import jax
 import orbax.checkpoint as ocp
 
 from MaxText import config, errors, storage
 from MaxText.errors import UserError
+from MaxText.runtime import late_noise, preemption
 
 
 TMP_MARK = ".orbax-checkpoint-tmp"  # in the name of a step directory Orbax has not finished writing
@@ -221,8 +219,8 @@ class Checkpointer:
     # terminal, for as long as this checkpointer lives; the run reports the failure itself in one line.
     self._noise = _LogFileHandler(self._log_path)
     _route("absl", self._noise, True)
-    self._unraisable = sys.unraisablehook
-    sys.unraisablehook = self._closed_loop_noise
+    self._stop_closed_loop_noise = late_noise.closed_loop_to(self._log_path)
+    self._remove_unfinished()  # before Orbax's manager exists: it would clean up (and race this) in the background
     with _kept_in(self._log_path) as log, _logger_to("absl", log):  # its warnings about junk dirs
       self._manager = ocp.CheckpointManager(
         self.directory,
@@ -231,20 +229,23 @@ class Checkpointer:
           max_to_keep=max_to_keep or None,
           enable_async_checkpointing=async_save,
           create=True,
-          cleanup_tmp_directories=True,
+          cleanup_tmp_directories=False,  # _remove_unfinished's, done before the first save
         ),
       )
-    self._remove_unfinished()
 
   def _remove_unfinished(self):
-    """Removes what saves that failed or were interrupted left (Orbax's `<step>.orbax-checkpoint-tmp*`), so that
-    no listing or later run sees them; process 0, on a filesystem all processes share. Orbax removes them too
-    when a manager starts, in the background: this is done now, and again when the run closes."""
+    """Removes what saves that failed or were interrupted left (Orbax's `<step>.orbax-checkpoint-tmp*`: a save killed
+    mid-write, or one cut short by a second stop signal), so that no listing or later save sees them; process 0, on a
+    filesystem all processes share. The one place they are removed: when a checkpointer starts (before its Orbax
+    manager, whose own background cleanup would race with this one and with the first save) and when it closes."""
     if jax.process_index() != 0 or not self.directory.is_dir():
       return
     for path in self.directory.iterdir():
       if TMP_MARK in path.name:
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+          path.rmtree() if storage.is_remote(path) else shutil.rmtree(path)  # epath's, for object storage
+        except OSError:
+          pass  # tried again at close and at the next start (and Orbax replaces its own step's before a save)
 
   def steps(self):
     return sorted(self._manager.all_steps())
@@ -254,7 +255,7 @@ class Checkpointer:
     return force or step % self.period == 0
 
   def _failed(self, step, e):
-    _late_noise_to(self._log_path)  # the failed write's leftover callbacks print tracebacks later: to the log
+    late_noise.everything_to(self._log_path)  # the failed write's leftover callbacks print tracebacks later
     good = [s for s in self.steps() if s != step]
     last = (
       (
@@ -280,6 +281,7 @@ class Checkpointer:
     except Exception as e:  # orbax/tensorstore/OS errors: disk full, directory removed or read-only
       raise self._failed(step, e) from None
     self._in_flight = step
+    preemption.point("save")  # tests: a stop while this save's temporary directory is being written
     return saved
 
   def check(self):
@@ -347,7 +349,7 @@ class Checkpointer:
       return self._restore(step, state_template)
     except Exception as e:  # orbax/tensorstore raise many types for damaged files
       traceback.print_exception(e, file=log)
-      _late_noise_to(self._log_path)
+      late_noise.everything_to(self._log_path)
       if "not compatible with the stored shape" in str(e):
         raise CheckpointError(
           f"checkpoint {self.directory}/{step} holds another model shape "
@@ -386,14 +388,6 @@ class Checkpointer:
       raise self._failed(step, e) from None
     self.check()
 
-  def _closed_loop_noise(self, unraisable):
-    """A failed async write leaves tensorstore callbacks that hit Orbax's closed event loop, each an 'unraisable'
-    traceback printed from a background thread before the run learns of the failure: into the log."""
-    if isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value):
-      self._noise.emit(logging.makeLogRecord({"msg": "".join(traceback.format_exception(unraisable.exc_value))}))
-    else:
-      self._unraisable(unraisable)
-
   def close(self):
     try:
       self.wait()
@@ -401,44 +395,7 @@ class Checkpointer:
       self._manager.close()
       self._remove_unfinished()
       _route("absl", self._noise, False)
-      if sys.unraisablehook == self._closed_loop_noise:  # pylint: disable=comparison-with-callable
-        sys.unraisablehook = self._unraisable
-
-
-@functools.cache
-def _late_noise_to(path):
-  """From the first failed read on, what Orbax's threads raise later goes to the log at `path` (once per process).
-
-  A failed restore leaves tensorstore callbacks that hit a closed event loop later, each printing a
-  traceback from a background thread (and coroutines never awaited, warned about at exit); they belong
-  in the log, not around the one line the user needs. Later warnings of the process go there too.
-  """
-  log = _AppendOnWrite(path)
-  sys.unraisablehook = lambda u: traceback.print_exception(u.exc_value, file=log)
-  threading.excepthook = lambda a: traceback.print_exception(a.exc_value, file=log)
-  warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: log.write(
-    warnings.formatwarning(message, category, filename, lineno, line)
-  )
-  asyncio_logger = logging.getLogger("asyncio")  # "Task exception was never retrieved", at garbage collection
-  asyncio_logger.addHandler(logging.StreamHandler(log))
-  asyncio_logger.propagate = False
-
-
-class _AppendOnWrite:
-  """A text file appended to, opened (and its directory made) at the first write: no empty log files."""
-
-  def __init__(self, path):
-    self.path, self._file = pathlib.Path(path), None
-
-  def write(self, text):
-    if self._file is None:
-      self.path.parent.mkdir(parents=True, exist_ok=True)
-      self._file = open(self.path, "a", encoding="utf-8")  # pylint: disable=consider-using-with  (until exit)
-    return self._file.write(text)
-
-  def flush(self):
-    if self._file is not None:
-      self._file.flush()
+      self._stop_closed_loop_noise()
 
 
 class _LogFileHandler(logging.Handler):
@@ -582,32 +539,19 @@ def _noise_log(step_dir):
   return pathlib.Path(tempfile.gettempdir()) / "maxtext_checkpoint_errors" / f"{name}.log"
 
 
-@functools.cache
-def _closed_loop_noise_to(path):
-  """From now on, the tracebacks of TensorStore callbacks that hit Orbax's closed event loop (after a read that
-  failed, even one Orbax swallowed: its metadata() returns None for damaged files) go to the log at `path`; other
-  unraisable exceptions are printed as before."""
-  previous, log = sys.unraisablehook, _AppendOnWrite(path)
-
-  def hook(unraisable):
-    if isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value):
-      traceback.print_exception(unraisable.exc_value, file=log)
-    else:
-      previous(unraisable)
-
-  sys.unraisablehook = hook
+_reads_noise_to = functools.cache(late_noise.closed_loop_to)  # a route per log file, kept for the process
 
 
 @contextlib.contextmanager
 def reading(step_dir):
   """Around a read-only command's reads of checkpoint `step_dir`: what Orbax's threads print after a failed read
   (tracebacks of callbacks on a closed event loop, from other threads, at any time) goes to a log (_noise_log), not
-  around the one line the user needs."""
-  _closed_loop_noise_to(_noise_log(step_dir))
+  around the one line the user needs (for the rest of the process: those callbacks run late)."""
+  _reads_noise_to(_noise_log(step_dir))
   try:
     yield
   except BaseException:
-    _late_noise_to(_noise_log(step_dir))
+    late_noise.everything_to(_noise_log(step_dir))
     raise
 
 

@@ -32,6 +32,11 @@ def _load_yaml(path: pathlib.Path, seen=()):
 
   A file named base.yml is the defaults layer, as MaxText's base.yml: beneath a named model's definition. Every other
   file sets its keys above it, like the command line."""
+  if path.is_dir():
+    found = sorted(p.name for p in path.glob("*.yml"))[:4]
+    raise ConfigError(
+      f"config file {path} is a directory; give a YAML file" + (f" (in it: {', '.join(found)}, ...)" if found else "")
+    )
   if not path.is_file():
     raise ConfigError(f"config file not found: {path}")
   if path.resolve() in seen:

@@ -291,12 +291,15 @@ SCHEMA = {
   "scan_layers": Key(bool, True, "run the decoder layers with lax.scan (one compiled layer)"),
   "remat_policy": Key(
     str,
-    "full",
-    "activation rematerialization per layer: none, full (recompute the layer), "
+    "auto",
+    "activation rematerialization per layer: auto (full on a CPU, MaxText's default; on a GPU the first of "
+    "minimal_with_context, minimal, full whose estimated memory fits in 90% of the GPU's; the log says which), "
+    "none, full (recompute the layer), "
     "minimal (keep the q/k/v/o and MLP GEMM outputs), +_with_context (and the attention "
     "output, with cuDNN its softmax statistics too), +_with_quantization (and the quantized "
     "operands the backward GEMMs reuse)",
     (
+      "auto",
       "none",
       "minimal",
       "minimal_with_context",
@@ -307,18 +310,22 @@ SCHEMA = {
   ),
   "attention": Key(
     str,
-    "dot_product",
-    "attention kernel: XLA dot_product, or cuDNN flash on GPU (cudnn_flash_te, MaxText's name, is cudnn_flash)",
-    ("dot_product", "cudnn_flash"),
-    aliases=(("cudnn_flash_te", "cudnn_flash"),),
+    "auto",
+    "attention kernel: auto (cudnn_flash on an NVIDIA GPU of compute capability 8.0 or newer, dot_product "
+    "elsewhere; the log says which), XLA dot_product, or cuDNN flash on GPU (MaxText's names: autoselected is "
+    "auto, cudnn_flash_te is cudnn_flash)",
+    ("auto", "dot_product", "cudnn_flash"),
+    aliases=(("autoselected", "auto"), ("cudnn_flash_te", "cudnn_flash")),
   ),
   "num_vocab_tiling": Key(
     int,
-    1,
+    -1,
     "compute the lm head and its cross-entropy in this many tiles of the sequence, "
     "gradients included, so the [tokens, vocab] f32 logits are never whole in memory "
-    "(1 = off; must divide max_target_length)",
-    range=COUNT,
+    "(1 = off; must divide max_target_length; -1 = auto: on a GPU tiled only where one device's f32 logits and "
+    "their gradient would take over 1/16 of its memory, in the fewest tiles that bring them under, the log says how "
+    "many; 1 on a CPU)",
+    range=OR_MINUS_1,
   ),
   # -- distribution
   "hardware": Key(
@@ -358,8 +365,8 @@ SCHEMA = {
   "gpu_type": Key(
     str,
     "",
-    "target GPU for the memory check (dry_run and preflight): its published HBM less "
-    "10% headroom for XLA workspace, NCCL buffers and fragmentation ('' = the local device)",
+    "target GPU for the memory check (dry_run and preflight): the memory jax's allocator takes of it, its HBM x "
+    "XLA_PYTHON_CLIENT_MEM_FRACTION (jax's default 0.75), as train_compile counts it ('' = the local device)",
     ("", "h100", "h200", "b200", "gb200", "b300", "gb300"),
   ),
   "num_devices": Key(

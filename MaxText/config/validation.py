@@ -23,6 +23,7 @@ def validate(c):
   _validate_hf(c)
   if c.amax_history_len < 1:
     raise ConfigError(f"amax_history_len={c.amax_history_len} must be >= 1")
+  _validate_keys_in_effect(c)
   _validate_nvfp4_options(c)
   if c.quantization_stats_period < 0:
     raise ConfigError(f"quantization_stats_period={c.quantization_stats_period} must be >= 0 (0 = off)")
@@ -51,26 +52,50 @@ def validate(c):
     )
   if c.head_dim % 2:
     raise ConfigError(f"head_dim={c.head_dim} must be even (RoPE rotates pairs)")
-  if c.num_vocab_tiling < 1 or c.max_target_length % c.num_vocab_tiling:
+  if c.num_vocab_tiling != -1 and (c.num_vocab_tiling < 1 or c.max_target_length % c.num_vocab_tiling):
     raise ConfigError(
-      f"num_vocab_tiling={c.num_vocab_tiling} must be >= 1 and divide max_target_length="
+      f"num_vocab_tiling={c.num_vocab_tiling} must be -1 (auto), or >= 1 and divide max_target_length="
       f"{c.max_target_length} (the lm head runs in tiles of the sequence)"
     )
   _validate_ranges_across_keys(c)
 
 
-NVFP4_OPTION_KEYS = ("nvfp4_4over6", "nvfp4_4over6_err_mode", "nvfp4_backward_override")
+# disable_stochastic_rounding is not among them: it also says "no randomness" for any recipe (decode and calibration
+# set it whatever the recipe).
+NVFP4_OPTION_KEYS = (
+  "disable_rht",
+  "disable_2d_quantization",
+  "nvfp4_4over6",
+  "nvfp4_4over6_err_mode",
+  "nvfp4_backward_override",
+)
+DELAYED_SCALING_KEYS = ("amax_history_len", "amax_compute_algo")
+
+
+def _recipes_in_force(c):
+  """The recipe names the GEMMs run: the MLP's, and the attention projections' (the MLP's under all_dense)."""
+  return [c.quantization, c.quantization if c.quantization_scope == "all_dense" else c.attention_quantization]
+
+
+def _changed(c, keys):
+  """'key=value' of each of `keys` the config sets to other than its default (booleans as the user writes them)."""
+  value = lambda k: str(getattr(c, k)).lower() if SCHEMA[k].type is bool else getattr(c, k)
+  return [f"{k}={value(k)}" for k in keys if getattr(c, k) != SCHEMA[k].default]
+
+
+def _recipes_text(c):
+  if c.quantization_scope == "all_dense":
+    return f"quantization={c.quantization!r} with quantization_scope=all_dense"
+  return f"quantization={c.quantization!r} and attention_quantization={c.attention_quantization!r}"
 
 
 def _validate_nvfp4_options(c):
   """The NVFP4 options need an NVFP4 recipe, and 4/6 on gradients needs a backward that quantizes them."""
-  changed = [f"{k}={getattr(c, k)}" for k in NVFP4_OPTION_KEYS if getattr(c, k) != SCHEMA[k].default]
-  recipes = [c.quantization] + ([c.attention_quantization] if c.quantization_scope == "mlp" else [])
-  if changed and not any(get_recipe(r).format is Format.NVFP4 for r in recipes):
+  changed = _changed(c, NVFP4_OPTION_KEYS)
+  if changed and not any(get_recipe(r).format is Format.NVFP4 for r in _recipes_in_force(c)):
     first, *others = [n for n in recipe_names() if get_recipe(n).format is Format.NVFP4]
     raise ConfigError(
-      f"{', '.join(changed)} applies to the NVFP4 recipes only, but quantization="
-      f"{c.quantization!r} and attention_quantization={c.attention_quantization!r}; set quantization="
+      f"{', '.join(changed)} applies to the NVFP4 recipes only, but {_recipes_text(c)}; set quantization="
       f"{first} (or {', '.join(others)}), or drop the option"
     )
   if c.nvfp4_4over6 == "gradients" and c.nvfp4_backward_override != "none":
@@ -78,6 +103,31 @@ def _validate_nvfp4_options(c):
       f"nvfp4_4over6=gradients does nothing with nvfp4_backward_override="
       f"{c.nvfp4_backward_override}: the backward doesn't quantize gradients; use nvfp4_4over6=all, "
       "weights or activations, or nvfp4_backward_override=none"
+    )
+
+
+def _validate_keys_in_effect(c):
+  """A key that does nothing under the config's recipes is refused, naming it and why (the user meant something)."""
+  if c.attention_quantization and c.quantization_scope == "all_dense":
+    raise ConfigError(
+      f"attention_quantization={c.attention_quantization} does nothing with quantization_scope=all_dense: the "
+      f"attention projections run quantization={c.quantization!r} there; set quantization_scope=mlp to give them "
+      "their own recipe, or drop attention_quantization"
+    )
+  attention = _recipes_in_force(c)[1]
+  if c.attention_quantization_backend and not get_recipe(attention).quantized:
+    raise ConfigError(
+      f"attention_quantization_backend={c.attention_quantization_backend} does nothing: the attention projections "
+      f"run in BF16 ({_recipes_text(c)}); set attention_quantization to a recipe, or drop "
+      "attention_quantization_backend"
+    )
+  changed = _changed(c, DELAYED_SCALING_KEYS)
+  if changed and not any(get_recipe(r).stateful for r in _recipes_in_force(c)):
+    delayed = [n for n in recipe_names() if get_recipe(n).stateful]
+    raise ConfigError(
+      f"{', '.join(changed)} applies to FP8 delayed scaling only ({', '.join(delayed)}: scales from an amax "
+      f"history), but {_recipes_text(c)}; set quantization or attention_quantization to one of those, or drop "
+      "the option"
     )
 
 

@@ -4,6 +4,7 @@ import dataclasses
 import math
 
 from MaxText import precision
+from MaxText.config import hardware
 
 GIB = 2**30
 
@@ -107,7 +108,7 @@ def activation_bytes(cfg, micro_batch_per_device) -> float:
   gemm_outputs = tokens * ((h + 2 * kv) * dh + h * dh + d + 2 * f) * act
   scores = 0 if cfg.attention == "cudnn_flash" else b * h * t * t * 4
   working_set = gemm_outputs + 4 * tokens * d * act + scores + tokens * f * act
-  policy = cfg.remat_policy
+  policy = hardware.unresolved_remat(cfg.remat_policy)
   if policy in ("none", "full"):
     per_layer = working_set if policy == "none" else tokens * d * act
   else:
@@ -191,13 +192,3 @@ def memory_per_device(cfg, mesh_sizes, micro_batch_size) -> MemoryEstimate:
   activations = activation_bytes(cfg, per_device_micro) / mesh_sizes.get("context", 1)
   gathered = gathered_weight_bytes(cfg, mesh_sizes)
   return MemoryEstimate(params, grads, optimizer, activations, amax_history_bytes(cfg), gathered)
-
-
-# Published HBM per GPU (GB = 1e9 bytes) and the share left after XLA workspace, NCCL buffers and
-# fragmentation (XLA_PYTHON_CLIENT_MEM_FRACTION-style headroom of 10%).
-GPU_HBM_GB = {"h100": 80, "h200": 141, "b200": 192, "gb200": 192, "b300": 288, "gb300": 288}
-GPU_USABLE_FRACTION = 0.9
-
-
-def gpu_usable_gib(gpu_type):
-  return GPU_HBM_GB[gpu_type] * 1e9 * GPU_USABLE_FRACTION / GIB

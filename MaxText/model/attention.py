@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from MaxText.config import hardware
 from MaxText.model.layers import Dense
 from MaxText.precision import GemmPrecision, LayerPrecision, amax_history_len
 from MaxText.quantization import dots
@@ -115,6 +116,16 @@ def cudnn_flash_attention(q_BxLxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxL=None)
 ATTENTION_KERNELS = {"dot_product": dot_product_attention, "cudnn_flash": cudnn_flash_attention}
 
 
+def attention_kernel(name):
+  """The attention function `name` names. auto, in a config not made concrete for a target (runs and compiles do:
+  config.hardware), is the kernel for the platform jax computes on here."""
+  if name == "auto":
+    device = jax.devices()[0]
+    capability = getattr(device, "compute_capability", None)
+    name, _ = hardware.attention_kernel(hardware.Hardware(device.platform, float(capability) if capability else None))
+  return ATTENTION_KERNELS[name]
+
+
 class Attention(nnx.Module):
   """Self-attention: q/k/v/o are Dense GEMMs (precision hook); QK^T, softmax and PV stay high precision."""
 
@@ -140,7 +151,7 @@ class Attention(nnx.Module):
       cfg.rope_high_freq_factor,
       cfg.rope_original_max_position,
     )
-    self.kernel = ATTENTION_KERNELS[cfg.attention]
+    self.kernel = attention_kernel(cfg.attention)
 
   def __call__(
     self, x_BxLxD, positions_BxL, segment_ids_BxL, precision: LayerPrecision, key, stats_sinks=None, kv_cache=None

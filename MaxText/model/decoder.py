@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from MaxText.config import hardware
 from MaxText.runtime import sharding
 from MaxText.model.attention import Attention
 from MaxText.model.layers import Embed, RMSNorm
@@ -109,7 +110,7 @@ class Transformer(nnx.Module):
       )
     self.num_layers = cfg.base_num_decoder_layers
     self.scan_layers = cfg.scan_layers
-    self.remat_policy = cfg.remat_policy
+    self.remat_policy = hardware.unresolved_remat(cfg.remat_policy)
     self.dtype = dtype
     self.logits_dtype = jnp.dtype(jnp.float32) if cfg.logits_dot_in_fp32 else dtype  # the lm head GEMM's operands
     self.num_vocab_tiling = cfg.num_vocab_tiling

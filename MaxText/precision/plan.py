@@ -109,6 +109,27 @@ def plan_from_config(cfg, high_precision=False) -> PrecisionPlan:
   return PrecisionPlan(_merge_ranges([(0, first, bf16), (first, n - last, quantized), (n - last, n, bf16)]))
 
 
+def backend_error_for_key(cfg, error):
+  """A BackendError from the attention projections' backend request said with the key the user set for it: the
+  quantization library knows one key, quantization_backend, and names it (advising a value that may be in force);
+  with attention_quantization_backend set, a refusal of its backend (one the MLP GEMMs don't request, or of the
+  attention's own recipe) is attention_quantization_backend's. Any other error is returned as it is."""
+  asked = cfg.attention_quantization_backend
+  prefix, advice = f"quantization_backend={asked}: ", "; use quantization_backend=auto or emulate"
+  message = str(error)
+  mlp_recipe, attention_recipe = configured_recipes(cfg)
+  attention_only = asked != cfg.quantization_backend or (
+    mlp_recipe.name != attention_recipe.name and f": {attention_recipe.name}: " in f": {message}"
+  )
+  if not asked or not message.startswith(prefix) or not attention_only:
+    return error
+  reason = message[len(prefix) :].removesuffix(advice)
+  return type(error)(
+    f"attention_quantization_backend={asked}: {reason}; use attention_quantization_backend=auto or emulate, or drop "
+    f"it (the attention projections then follow quantization_backend={cfg.quantization_backend})"
+  )
+
+
 def block_sizes(plan: PrecisionPlan) -> dict:
   """{gemm: elements per scaling block along a contraction axis}: 16 NVFP4, 32 MX, 1 for per-tensor / bf16."""
   return {g: max(prec[g].recipe.block_size or 1 for _, _, prec in plan.layer_ranges) for g in GEMMS}

@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 from MaxText.quantization import gemms
 from MaxText.quantization.gemms import name_for_remat
 from MaxText.quantization.errors import QuantizationError
+from MaxText.quantization.formats import sr_bits
 from MaxText.quantization.kernels import quantizer_impl, threefry
 from MaxText.quantization.recipes import Recipe
 
@@ -106,38 +107,12 @@ def global_indices(mesh, local_shape, dim_axes):
   return flat.reshape(-1)
 
 
-def _mul_add_u64(a, b, c):
-  """a * b + c as (high, low) uint32 words, for uint32 arrays a, c and a Python int b < 2**32 (no uint64 in jax
-  without x64): the 64-bit flat index of element (a, c) of an operand with b columns."""
-  mask = np.uint32(0xFFFF)
-  a0, a1 = a & mask, a >> 16
-  b0, b1 = np.uint32(b & 0xFFFF), np.uint32(b >> 16)
-  mid = a0 * b1 + a1 * b0  # each term < 2**32; the sum may wrap
-  mid_carry = (mid < a0 * b1).astype(jnp.uint32)
-  low = a0 * b0 + (mid << 16)
-  carry = (low < a0 * b0).astype(jnp.uint32)
-  high = a1 * b1 + (mid >> 16) + (mid_carry << 16) + carry
-  total = low + c
-  return high + (total < low).astype(jnp.uint32), total
-
-
 def draws(key, global_shape, rows_u32, cols_u32):
   """grids.draws16(key, global_shape)[rows][:, cols]: the 16-bit stochastic-rounding draws of a shard's elements
-  (global row and column indices), computed where they lie. Element f of the whole operand takes the low half of
-  threefry word f for f < n/2 and the high half of word f - n/2 after (grids.draws16); word i is threefry2x32 of
-  the 64-bit counter i (jax's partitionable threefry, kernels/threefry.py), so nothing is drawn for other shards."""
-  n_rows, n_cols = global_shape
-  n = n_rows * n_cols
-  half = (n + 1) // 2
-  high, low = _mul_add_u64(rows_u32[:, None], n_cols, cols_u32[None, :])
-  half_high, half_low = np.uint32(half >> 32), np.uint32(half & 0xFFFFFFFF)
-  upper = (high > half_high) | ((high == half_high) & (low >= half_low))
-  word_low = jnp.where(upper, low - half_low, low)
-  borrow = (upper & (low < half_low)).astype(jnp.uint32)
-  word_high = jnp.where(upper, high - half_high - borrow, high)
-  k0, k1 = threefry.key_words(key)
-  x0, x1 = threefry.threefry2x32(k0, k1, word_high, word_low)
-  return (((x0 ^ x1) >> jnp.where(upper, np.uint32(16), np.uint32(0))) & np.uint32(0xFFFF)).astype(jnp.uint16)
+  (global row and column indices), computed where they lie: each is a hash of (key, row, column), so nothing is
+  drawn for other shards (sr_bits.py)."""
+  del global_shape  # the draws depend on the element's row and column only
+  return sr_bits.draws(key, rows_u32, cols_u32)
 
 
 def check_key(key):
@@ -222,7 +197,7 @@ class MeshShards(gemms.Shards):
     extra = {}
     if key is not None and static.recipe.stochastic_rounding(role):
       row_dims, col_dims = self._dims(source)[::-1] if transpose else self._dims(source)
-      extra["draws"] = _block_draws(self.mesh, key, row_dims, col_dims)
+      extra["draws"] = _block_index(self.mesh, row_dims, col_dims)
     amax_axes = self.axes.operand_axes(source)
     return static.backend.quantize(
       a, static.recipe, role, key, kernels=static.kernels, transpose=transpose, amax_axes=amax_axes, **extra
@@ -249,16 +224,12 @@ class MeshShards(gemms.Shards):
     return _scatter_to_kernel(dw_KxN, self.static, self.k_x, self.out_y)
 
 
-def _block_draws(mesh, key, row_dims, col_dims):
-  """The SR draws of a block whose row and column dimensions (local sizes, mesh axes per dimension) are given: its
-  elements' draws in the whole operand."""
+def _block_index(mesh, row_dims, col_dims):
+  """Where a block lies in the whole operand (sr_bits.ShardIndex: the global row and column of each of its rows and
+  columns), given its row and column dimensions (local sizes, mesh axes per dimension): the XLA path and the kernels
+  draw its elements' stochastic-rounding bits from it where it lies."""
   (row_sizes, row_axes), (col_sizes, col_axes) = row_dims, col_dims
-  rows, cols = global_indices(mesh, row_sizes, row_axes), global_indices(mesh, col_sizes, col_axes)
-  global_shape = (
-    math.prod(n * _sizes(mesh, ax) for n, ax in zip(row_sizes, row_axes)),
-    math.prod(n * _sizes(mesh, ax) for n, ax in zip(col_sizes, col_axes)),
-  )
-  return draws(key, global_shape, rows, cols)
+  return sr_bits.ShardIndex(global_indices(mesh, row_sizes, row_axes), global_indices(mesh, col_sizes, col_axes))
 
 
 def _scatter_to_kernel(dw_KxN, static: _Static, k_l, out_y):

@@ -18,7 +18,7 @@ import jax
 from jax._src import distributed as jax_distributed  # its global_state.client: jax exports no accessor
 
 from MaxText.errors import UserError
-from MaxText.runtime import preemption
+from MaxText.runtime import environment, preemption
 
 HELLO = "maxtext rank {rank} of {count}\n"
 POLL_SECONDS = 0.5
@@ -279,15 +279,7 @@ def client():
 
 def check_platform(cfg):
   """Start jax's backend (its first use): a platform that can't start, or hardware=gpu without a GPU, is one line."""
-  asked = os.environ.get("JAX_PLATFORMS", "")
-  try:
-    devices = jax.devices()
-  except (RuntimeError, AssertionError) as e:  # jax asserts when JAX_PLATFORMS=cuda finds no NVIDIA GPU
-    why = str(e).strip().splitlines()[0][:200] if str(e).strip() else "none of the platforms it names is present"
-    raise DistributedError(
-      f"jax can't start JAX_PLATFORMS={asked!r} here ({why}); unset JAX_PLATFORMS to use what "
-      "this machine has, or run where that platform is"
-    ) from None
+  devices = environment.start_backend()
   if cfg.hardware.startswith("gpu") and not cfg.dry_run and devices[0].platform != "gpu":
     raise DistributedError(
       f"hardware={cfg.hardware} but jax sees no GPU here ({len(devices)} {devices[0].platform} "

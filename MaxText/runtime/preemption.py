@@ -21,6 +21,14 @@ keeps its default meaning).
 A command with nothing to save but a half-written output to remove (a conversion) takes the signals as an exception
 instead: within `raising()` they raise Stopped where the main thread is (`deferred()` holds it back around code that
 starts background work and records it, `ignored()` around the cleanup).
+
+From the first line of a command's main until one of those takes over (and again after), `exit_on_signals()`: a
+signal ends the process at once with one line and exit code 128 + its number, from the watching thread too, so
+neither a signal during the imports nor one inside a library's native call or callback is lost, swallowed or
+turned into a traceback or a crash at exit. `deferred()` holds that exit back around a write renamed into place.
+
+Tests deliver a signal at a defined point of a run, not after a sleep: with MAXTEXT_SIGNAL_AT=POINT:SIGNAL[+SIGNAL...]
+in its environment a process sends itself those signals the first time it reaches `point(POINT)` (POINTS).
 """
 
 import contextlib
@@ -30,8 +38,11 @@ import sys
 import threading
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_state = {"signal": None, "origin": None, "depth": 0, "count": 0, "watcher": None}
+# depth: installed()'s nesting; exiting: exit_on_signals()'s line while it is on (else None); watcher: the watching
+# thread, shared by the blocks inside the one that started it.
+_state = {"signal": None, "origin": None, "depth": 0, "count": 0, "watcher": None, "exiting": None}
 _lock = threading.RLock()  # re-entrant: a signal's handler can interrupt the main thread while it holds it
+_held = threading.Condition(_lock)  # deferred()'s end, which a pending exit waits for
 _listeners = []
 
 
@@ -99,31 +110,55 @@ def _again(signum):
 
 
 def _handle(signum, frame):
-  """The main thread's handler. With the watching thread it only makes sure the request is set before the main
-  thread goes on (the thread counts the signals); without it, it counts them itself."""
+  """The main thread's handler. Outside installed() (exit_on_signals) it ends the process; inside, with the watching
+  thread it only makes sure the request is set before the main thread goes on (the thread counts the signals);
+  without it, it counts them itself."""
   del frame
+  if _state["depth"] == 0:
+    _exit_now(signum)
+    return
   if _state["watcher"] is None and _state["signal"] is not None:
     _again(signum)
   _first(signum)
 
 
 def _watch(read_fd):
-  """Every stop signal's number, as the interpreter's C handler writes it: the first requests, the second exits."""
+  """Every stop signal's number, as the interpreter's C handler writes it: outside installed() it ends the process;
+  inside, the first requests, the second exits. A signal whose handler is not ours (raising(), ignored()) is left to
+  that handler."""
   while True:
     try:
       data = os.read(read_fd, 64)
     except OSError:
       return
-    if not data:  # the write end closed: installed() is over
+    if not data:  # the write end closed: the watching is over
       return
     for signum in data:
-      if signum not in SIGNALS:
+      if signum not in SIGNALS or signal.getsignal(signum) is not _handle:
+        continue
+      if _state["depth"] == 0:
+        _exit_now(signum)
         continue
       _state["count"] += 1
       if _state["count"] == 1:
         _first(signum)
       else:
         _again(signum)
+
+
+def _exit_now(signum):
+  """exit_on_signals()'s end of the process: its line, exit code 128 + the signal's number; after deferred()'s block
+  where one is running (the main thread's handler leaves the exit to the block's end, the watching thread waits)."""
+  with _held:
+    if _deferred["depth"]:
+      if threading.current_thread() is threading.main_thread():
+        _deferred["exit"] = _deferred["exit"] or signum
+        return
+      _held.wait_for(lambda: not _deferred["depth"])
+    line = _state["exiting"] or "stopped"
+    print(f"{signal.Signals(signum).name}: {line}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(128 + signum)  # pylint: disable=protected-access
 
 
 def _start_watcher():
@@ -154,6 +189,21 @@ def _stop_watcher(watcher):
   os.close(read_fd)
 
 
+@contextlib.contextmanager
+def _watching():
+  """The watching thread for the block: started here unless an enclosing block started it (shared, then)."""
+  if _state["watcher"] is not None:
+    yield
+    return
+  _state["watcher"] = _start_watcher()
+  try:
+    yield
+  finally:
+    if _state["watcher"] is not None:
+      _stop_watcher(_state["watcher"])
+      _state["watcher"] = None
+
+
 def reclaim():
   """Take SIGTERM and SIGINT back inside `installed()` after a library replaced their handlers at the C level
   (jax.distributed's preemption notifier does, with one that only sets a flag): a second signal must still end the
@@ -171,19 +221,32 @@ def installed():
     return
   if _state["depth"] == 0:
     _state.update(signal=None, origin=None, count=0)
-    previous = {s: signal.signal(s, _handle) for s in SIGNALS}
-    _state["watcher"] = _start_watcher()
-  _state["depth"] += 1
-  try:
-    yield
-  finally:
-    _state["depth"] -= 1
-    if _state["depth"] == 0:
-      if _state["watcher"] is not None:
-        _stop_watcher(_state["watcher"])
-        _state["watcher"] = None
+  outermost = _state["depth"] == 0
+  with _watching() if outermost else contextlib.nullcontext():
+    previous = {s: signal.signal(s, _handle) for s in SIGNALS} if outermost else {}
+    _state["depth"] += 1
+    try:
+      yield
+    finally:
+      _state["depth"] -= 1
       for s, handler in previous.items():
         signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def exit_on_signals(line="stopped before the command finished; nothing was written"):
+  """Within the block (a command's main, from its first line), outside installed() and raising(), SIGTERM and SIGINT
+  end the process at once: `<SIGNAL>: <line>` on stderr, exit code 128 + the signal's number. A signal the process
+  was started ignoring (a background job's SIGINT) stays ignored. Re-entrant: the outermost line holds."""
+  if threading.current_thread() is not threading.main_thread() or _state["exiting"] is not None:
+    yield
+    return
+  _state["exiting"] = line
+  try:
+    with _watching(), _handlers(_handle):
+      yield
+  finally:
+    _state["exiting"] = None
 
 
 class Stopped(KeyboardInterrupt):
@@ -195,13 +258,15 @@ class Stopped(KeyboardInterrupt):
     self.signum, self.message = signum, message
 
 
-_raising = {"deferred": 0, "pending": None}
+# depth: deferred()'s nesting; stop: the signal raising() turns into Stopped at its end; exit: the signal
+# exit_on_signals() ends the process with at its end.
+_deferred = {"depth": 0, "stop": None, "exit": None}
 
 
 def _raise_stopped(signum, frame):
   del frame
-  if _raising["deferred"]:
-    _raising["pending"] = _raising["pending"] or signum
+  if _deferred["depth"]:
+    _deferred["stop"] = _deferred["stop"] or signum
     return
   raise Stopped(signum)
 
@@ -210,15 +275,24 @@ def _raise_stopped(signum, frame):
 def deferred():
   """Within the block, a signal that raising() turns into Stopped is raised at the block's end instead: around code
   that starts work in the background and records it (a write in flight that a cleanup must wait for is never lost
-  between starting and recording)."""
-  _raising["deferred"] += 1
+  between starting and recording); and one that exit_on_signals() ends the process with ends it at the block's end:
+  around a file written and renamed into place (no temporary file left behind)."""
+  with _held:
+    _deferred["depth"] += 1
   try:
     yield
   finally:
-    _raising["deferred"] -= 1
-    if not _raising["deferred"] and _raising["pending"] is not None:
-      signum, _raising["pending"] = _raising["pending"], None
-      raise Stopped(signum)  # pylint: disable=lost-exception
+    with _held:
+      _deferred["depth"] -= 1
+      last = not _deferred["depth"]
+      stop, exit_ = (_deferred["stop"], _deferred["exit"]) if last else (None, None)
+      if last:
+        _deferred.update(stop=None, exit=None)
+      _held.notify_all()
+    if exit_ is not None:
+      _exit_now(exit_)
+    if stop is not None:
+      raise Stopped(stop)  # pylint: disable=lost-exception
 
 
 @contextlib.contextmanager
@@ -247,3 +321,23 @@ def ignored():
   """Within the block (main thread), SIGTERM and SIGINT are ignored: around a cleanup that must not be cut short by
   a second signal (it takes milliseconds)."""
   return _handlers(signal.SIG_IGN)
+
+
+SIGNAL_AT = "MAXTEXT_SIGNAL_AT"
+# The points a test can stop a command at: start (a command's main, before its heavy imports), save (a training
+# checkpoint started: Orbax's temporary directory is being written), write (a conversion wrote its first block).
+POINTS = ("start", "save", "write")
+_points_reached = set()
+
+
+def point(name):
+  """A defined point of a command. With MAXTEXT_SIGNAL_AT=<name>:<SIGNAL>[+<SIGNAL>...] (e.g. save:SIGTERM+SIGTERM)
+  this process sends itself those signals here, the first time it gets here: tests stop a run at a defined point
+  instead of after a sleep."""
+  spec = os.environ.get(SIGNAL_AT, "")
+  where, _, names = spec.partition(":")
+  if where != name or name in _points_reached:
+    return
+  _points_reached.add(name)
+  for signame in names.split("+"):
+    os.kill(os.getpid(), signal.Signals[signame])

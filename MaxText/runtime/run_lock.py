@@ -73,9 +73,13 @@ class RunLock:
       if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
         return self._acquire_by_file()
       raise
-    os.ftruncate(fd, 0)
-    os.write(fd, json.dumps(_owner_record()).encode("utf-8"))
-    os.fsync(fd)
+    try:
+      os.ftruncate(fd, 0)
+      os.write(fd, json.dumps(_owner_record()).encode("utf-8"))
+      os.fsync(fd)
+    except OSError as e:  # a full disk: said naming the file (a write to a descriptor names none)
+      os.close(fd)
+      raise OSError(e.errno, e.strerror, self.path) from None
     self._fd = fd
     return self
 

@@ -69,7 +69,16 @@ def _resolve(values, total, kind):
     raise ShardingError(f"{kind}_* parallelism must be positive or -1, got {dict(zip(MESH_AXES, values))}")
   if unknown:
     if total % known:
-      raise ShardingError(f"{kind}_* = {dict(zip(MESH_AXES, values))}: {total} is not divisible by {known}")
+      named = ", ".join(f"{kind}_{a}_parallelism={v}" for a, v in zip(MESH_AXES, values) if v != 1)
+      what, advice = (
+        ("processes (one per host)", "hosts (nodes; for train_compile, compile_topology_num_slices)")
+        if kind == "dcn"
+        else ("devices in each dcn_* group (each host)", "devices per host")
+      )
+      raise ShardingError(
+        f"{named} needs a multiple of {known} {what}, and there are {total}: change the {kind}_* keys, or use a "
+        f"multiple of {known} {advice}"
+      )
     values[unknown[0]] = total // known
   return values
 

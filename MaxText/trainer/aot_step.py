@@ -11,7 +11,6 @@ $XLA_FLAGS sets them.
 
 import contextlib
 import dataclasses
-import os
 import time
 import typing
 
@@ -21,18 +20,18 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from MaxText import precision
 from MaxText.aot import devices as aot_devices, hlo, roofline, targets
-from MaxText.config import RunShape
+from MaxText.config import RunShape, hardware
 from MaxText.data.batch import Batch
 from MaxText.model import accounting
 from MaxText.quantization import backends, partition, target as quant_target
 from MaxText.quantization.backends import te as te_backend
 from MaxText.runtime import sharding, xla_flags
-from MaxText.trainer import optimizer, run_setup
+from MaxText.trainer import optimizer, preflight, run_setup
 from MaxText.trainer.hooks.profiler import compiled_memory
 from MaxText.trainer.train_step import StepFunctions
 
 GIB = 2**30
-DEFAULT_MEM_FRACTION = 0.75  # jax's XLA_PYTHON_CLIENT_MEM_FRACTION default: the share of HBM its allocator takes
+memory_fraction = targets.memory_fraction  # the share of a GPU's memory jax's allocator takes
 
 
 @dataclasses.dataclass
@@ -65,14 +64,6 @@ class CompiledStep:
     if self.gpu is None:
       return None
     return roofline.estimate(self.kernels, self.gpu, calibration, self.flops_per_device, self.tokens_per_device)
-
-
-def memory_fraction():
-  """The share of a GPU's memory jax's allocator takes: $XLA_PYTHON_CLIENT_MEM_FRACTION, else jax's 0.75."""
-  try:
-    return float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", DEFAULT_MEM_FRACTION))
-  except ValueError:
-    return DEFAULT_MEM_FRACTION
 
 
 def _steady_step(cfg):
@@ -135,6 +126,9 @@ def compile_step(
   with $XLA_FLAGS)."""
   start = time.perf_counter()
   devices = list(devices)
+  hw = gpu_hardware(gpu, target_name) if compile_only else preflight.local_hardware(cfg, devices)
+  processes = len({d.process_index for d in devices})  # as sharding.make_mesh splits them
+  cfg, _ = preflight.resolve_auto(cfg, hw, len(devices), processes)  # the auto values, as the run would make them
   mesh = sharding.make_mesh(cfg, devices)
   run_shape = RunShape.of(cfg, len(devices))
   plan = precision.plan_from_config(cfg)
@@ -179,6 +173,14 @@ def compile_step(
     flops_per_device=flops,
     tokens_per_device=run_shape.tokens_per_step / len(devices),
   )
+
+
+def gpu_hardware(gpu, what=None):
+  """The config.hardware.Hardware of a GPU target (None: an unknown GPU), with the memory jax's allocator takes."""
+  if gpu is None:
+    return hardware.Hardware("gpu", what=what or "an unknown GPU")
+  major, minor = gpu.compute_capability
+  return hardware.Hardware("gpu", major + minor / 10, gpu.usable_bytes(), what or gpu.name)
 
 
 def _local_bytes_limit(devices):

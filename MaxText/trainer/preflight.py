@@ -8,6 +8,8 @@ import jax
 import numpy as np
 
 from MaxText import precision, storage
+from MaxText.aot import targets
+from MaxText.config import RunShape, hardware
 from MaxText.config.models import definition as model_definition
 from MaxText.model import accounting
 from MaxText.model.decoder import abstract_model
@@ -21,7 +23,11 @@ def device_memory_gib(cfg, devices):
   if cfg.hardware_memory_gib > 0:
     return cfg.hardware_memory_gib, "hardware_memory_gib"
   if cfg.gpu_type:
-    return accounting.gpu_usable_gib(cfg.gpu_type), f"a {cfg.gpu_type.upper()} (90% of its HBM)"
+    gpu = targets.GPUS[cfg.gpu_type]
+    return gpu.usable_bytes() / accounting.GIB, (
+      f"a {cfg.gpu_type.upper()} ({targets.memory_fraction():.0%} of its {gpu.device_memory_size / accounting.GIB:.1f}"
+      " GiB, XLA_PYTHON_CLIENT_MEM_FRACTION)"
+    )
   local = [d for d in devices if d.process_index == jax.process_index()]
   stats = local[0].memory_stats() if hasattr(local[0], "memory_stats") else None
   if stats and stats.get("bytes_limit"):
@@ -30,6 +36,31 @@ def device_memory_gib(cfg, devices):
     info = dict(line.split(":", 1) for line in f)
   available_kib = int(info["MemAvailable"].split()[0])
   return available_kib / 2**20 / len(local), local[0].platform  # virtual CPU devices share the host
+
+
+def local_hardware(cfg, devices):
+  """The config.hardware.Hardware `auto` values are chosen for: this machine's devices, or, in a dry run on another
+  machine, the GPUs the run is planned for (gpu_type or hardware=gpu*); memory as the preflight counts it
+  (hardware_memory_gib, gpu_type, the accelerator's limit, or host RAM)."""
+  gib, what = device_memory_gib(cfg, devices)
+  capability = getattr(devices[0], "compute_capability", None)
+  platform = devices[0].platform
+  if platform != "gpu" and cfg.dry_run and (cfg.gpu_type or cfg.hardware.startswith("gpu")):
+    platform, gpu = "gpu", targets.GPUS.get(cfg.gpu_type)
+    capability = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}" if gpu else None
+  return hardware.Hardware(platform, float(capability) if capability else None, gib * accounting.GIB, what)
+
+
+def resolve_auto(cfg, hw, num_devices, num_processes):
+  """(cfg with its auto values made concrete for `hw` (config.hardware), what they became): remat_policy=auto
+  against the analytic memory estimate on the run's mesh."""
+
+  def memory_of(concrete):
+    mesh_sizes, _, _ = sharding.mesh_shape(concrete, num_devices, num_processes)
+    micro = RunShape.of(concrete, num_devices).micro_batch_size
+    return accounting.memory_per_device(concrete, mesh_sizes, micro).total_gib * accounting.GIB
+
+  return hardware.resolve(cfg, hw, num_devices, memory_of)
 
 
 def planned_devices(cfg, local_count):
@@ -119,11 +150,13 @@ def compiled_memory_lines(mem, compiled):
   return lines
 
 
-def print_plan(cfg, plan, run_shape, mesh_sizes, devices, compiled=None):
-  """Prints the summary and the precision plan (and, for a dry run, the memory check, with the compiled step's
-  figure where there is one); returns the estimate."""
+def print_plan(cfg, plan, run_shape, mesh_sizes, devices, compiled=None, auto=None):
+  """Prints the summary, what `auto` values became (config.hardware), and the precision plan (and, for a dry run,
+  the memory check, with the compiled step's figure where there is one); returns the estimate."""
   text, mem = summary(cfg, run_shape, mesh_sizes)
   print(text)
+  if auto:
+    print(hardware.describe(auto))
   print("precision plan:\n" + precision.format_plan(plan, cfg, accounting.gemm_flops(cfg)))
   if devices and devices[0].platform == "cpu":
     print(f"CPU GEMM operands: {cpu_gemm.describe()}")

@@ -10,6 +10,7 @@ from MaxText import precision, storage
 from MaxText.config import RunShape
 from MaxText.errors import UserError
 from MaxText.quantization import cpu_gemm
+from MaxText.quantization.errors import BackendError
 from MaxText.runtime import compile_cache, distributed, job_stop, peers, preemption, sharding
 from MaxText.trainer import aot_step, preflight, run_setup
 from MaxText.trainer.loop import Loop, NonFiniteLoss
@@ -30,7 +31,30 @@ def train(cfg):
   job every process stops after the same step (runtime/job_stop.py), and a process that dies, hangs or fails
   is named by the others, which exit too (runtime/peers.py).
   """
+  refuse_train_compile_keys(cfg)
   cpu_gemm.configure(cfg.cpu_gemm_dtype)
+  try:
+    return _joined(cfg)
+  except BackendError as e:
+    raise precision.backend_error_for_key(cfg, e) from None
+
+
+COMPILE_OUTPUT_KEYS = ("compile_report", "compile_hlo")
+
+
+def refuse_train_compile_keys(cfg):
+  """compile_report and compile_hlo are train_compile's outputs: a training run writes neither, so setting one is a
+  mistake said before anything runs."""
+  for key in COMPILE_OUTPUT_KEYS:
+    if getattr(cfg, key):
+      raise UserError(
+        f"{key}={getattr(cfg, key)} does nothing in a training run: it is where python -m MaxText.train_compile "
+        f"writes its {'report' if key == 'compile_report' else 'optimized HLO'}; run train_compile with it, or drop it"
+      )
+
+
+def _joined(cfg):
+  """train()'s run, inside the process's stop handling and the job (single- or multi-process)."""
   with preemption.installed(), matmul_precision(cfg):
     process_index, process_count = distributed.initialize(cfg)
     if process_count == 1:
@@ -63,13 +87,15 @@ def _train(cfg, process_index, process_count, watchdog, stop):
     num_devices, num_processes = (
       preflight.planned_devices(cfg, len(devices)) if cfg.dry_run else (len(devices), process_count)
     )
+  hw = aot_step.gpu_hardware(target.gpu, target.name) if target is not None else preflight.local_hardware(cfg, devices)
+  cfg, auto = preflight.resolve_auto(cfg, hw, num_devices, num_processes)
   run_shape = RunShape.of(cfg, num_devices)
   plan = precision.plan_from_config(cfg)
   mesh_sizes = preflight.sharding_plan(cfg, plan, num_devices, num_processes)
   if not cfg.dry_run:
     compile_cache.configure(cfg.jax_cache_dir)  # before the preflight compiles: the run's step is then a cache hit
   compiled = aot_step.preflight_memory(cfg, target, devices, num_devices)
-  mem = preflight.print_plan(cfg, plan, run_shape, mesh_sizes, devices, compiled)
+  mem = preflight.print_plan(cfg, plan, run_shape, mesh_sizes, devices, compiled, auto)
   if cfg.dry_run:
     return []
   preflight.check_memory(cfg, mem, devices, compiled)

@@ -18,10 +18,12 @@
 # is mounted at the same path. Paths in key=value overrides are read in the job, against the image's
 # repository (and checked here against this one): give data outside it as absolute paths on a shared filesystem.
 #
-# Checked before anything is submitted, also on a login node without jax: the options, the job name
-# (it names the run directory), and, where python3 has pyyaml, the config with the trainer's own rules
-# (keys, values, recipe) and its mesh against the job (dcn_* product vs --nodes, ici_* vs 4 GPUs);
-# without pyyaml the recipe name alone.
+# Checked before anything is written or submitted, also on a login node without jax: the options (a path
+# sbatch's --export or pyxis's --container-mounts would split at a ',' or ':' is refused), the job name (it names
+# the run directory), that OUTPUT_DIR can be made and that sbatch is here, and, where python3 has pyyaml, the
+# config with the trainer's own rules (keys, values, recipe) and its mesh against the job (dcn_* product vs
+# --nodes, ici_* vs 4 GPUs); without pyyaml the recipe name alone. The run directory is made just before sbatch,
+# and removed again (when it was new and is still empty) if sbatch refuses the job.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,6 +31,7 @@ GPU="" NODES="" MODEL="" QUANT="" DRY_RUN=0 NSYS=""
 IMAGE="${MAXTEXT_IMAGE:-ghcr.io/nvidia/jax:maxtext-nvfp4}"
 PARTITION="${SLURM_PARTITION:-}" ACCOUNT="${SLURM_ACCOUNT:-}" TIME="01:00:00" JOB_NAME="" OUTPUT_DIR="${PWD}/outputs"
 GPUS_PER_NODE=4
+MAX_NODES=65536  # 262144 GPUs: past any Slurm cluster (a larger --nodes is a typo, and overflows shell arithmetic)
 
 REPO="$(cd "${HERE}/../.." && pwd -P)"
 
@@ -37,6 +40,19 @@ die() { echo "error: $*" >&2; exit 2; }
 warn() { echo "warning: $*" >&2; }
 # A path against the directory this script was started in (no symlinks, '..' folded), whether or not it exists yet.
 absolute() { realpath -m -- "$1" 2>/dev/null || case "$1" in /*) echo "$1" ;; *) echo "${PWD}/$1" ;; esac; }
+# A value sbatch or pyxis would split or expand: sbatch's --export and pyxis's --container-mounts are comma-separated
+# lists, a mount is src:dst, and sbatch's --output reads '%' as a file-name pattern.
+refuse_chars() {
+  local what="$1" value="$2" c why; shift 2
+  for c in "$@"; do
+    case "$c" in
+      ,) why="sbatch's --export and pyxis's --container-mounts split at" ;;
+      :) why="pyxis's --container-mounts reads as src:dst at" ;;
+      %) why="sbatch reads as a file-name pattern (%j) at" ;;
+    esac
+    [[ "$value" != *"$c"* ]] || die "${what} ${value} holds '${c}', which ${why}; use a path without it"
+  done
+}
 need_value() { [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value (see --help)"; }
 # The trainer's own checks (python -m MaxText.config --check needs pyyaml, not jax): exit 2 is the user's
 # mistake, anything else means this python3 can't run them.
@@ -84,6 +100,8 @@ EXTRA=("$@")
 
 [[ "$GPU" == gb200 || "$GPU" == gb300 ]] || die "--gpu must be gb200 or gb300, got '${GPU}'"
 [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || die "--nodes must be a positive integer, got '${NODES}'"
+[[ ${#NODES} -le ${#MAX_NODES} ]] && (( NODES <= MAX_NODES )) ||
+  die "--nodes ${NODES} is more than the ${MAX_NODES} nodes a job here may have ($((MAX_NODES * GPUS_PER_NODE)) GPUs)"
 [[ -n "$MODEL" ]] || die "--model CONFIG is required (e.g. configs/${GPU}/llama3_8b_nvfp4.yml)"
 [[ -f "$MODEL" ]] || die "--model ${MODEL}: no such file"
 MODEL_ABS="$(absolute "$MODEL")" OUTPUT_DIR="$(absolute "$OUTPUT_DIR")"
@@ -95,6 +113,10 @@ if [[ "$MODEL_ABS" == "${REPO}/"* ]]; then
 else
   JOB_MODEL="$MODEL_ABS" CONFIG_MOUNT="$(dirname "$MODEL_ABS")"
 fi
+refuse_chars "--output-dir" "$OUTPUT_DIR" , : %
+[[ -z "$CONFIG_MOUNT" ]] || refuse_chars "--model's directory" "$CONFIG_MOUNT" , :
+refuse_chars "--image" "$IMAGE" ,
+refuse_chars "this repository's path" "$REPO" ,
 [[ -n "$QUANT" ]] || die "--quantization is required (bf16, te_fp8_currentscaling, te_nvfp4, te_nvfp4_no_rht, ...)"
 [[ "$QUANT" == bf16 ]] && QUANT=""
 [[ "$TIME" =~ ^([0-9]+-)?[0-9]+(:[0-9]{1,2}){0,2}$ ]] ||
@@ -127,5 +149,27 @@ if [[ "$DRY_RUN" == 1 ]]; then
     "run_name=${RUN_NAME}" "dcn_data_parallelism=-1" "${EXTRA[@]}"
   exit 0
 fi
-mkdir -p "${OUTPUT_DIR}/${RUN_NAME}" ${NSYS:+"${OUTPUT_DIR}/nsys"}
-"${SBATCH[@]}"
+command -v sbatch >/dev/null 2>&1 ||
+  die "sbatch is not on PATH: submit from a Slurm login node (or add --dry-run to see the job); nothing was written"
+# OUTPUT_DIR must be makeable here (and the job's nodes mount it at the same path): its nearest existing ancestor a
+# writable directory.
+EXISTING="${OUTPUT_DIR}"
+while [[ ! -e "$EXISTING" ]]; do EXISTING="$(dirname "$EXISTING")"; done
+[[ -d "$EXISTING" && -w "$EXISTING" && -x "$EXISTING" ]] ||
+  die "--output-dir ${OUTPUT_DIR} can't be made: ${EXISTING} is not a writable directory; give another --output-dir"
+# The run directory (sbatch writes the job's log there), made now; what this made is removed if sbatch refuses.
+MADE=()
+for dir in "${OUTPUT_DIR}/${RUN_NAME}" ${NSYS:+"${OUTPUT_DIR}/nsys"}; do
+  top="$dir"
+  while [[ ! -e "$(dirname "$top")" ]]; do top="$(dirname "$top")"; done
+  [[ -e "$dir" ]] || MADE+=("$top")
+  mkdir -p "$dir" || die "can't make ${dir}; give another --output-dir"
+done
+if ! SUBMITTED="$("${SBATCH[@]}" 2>&1)"; then
+  for top in "${MADE[@]}"; do
+    find "$top" -depth -type d -empty -delete 2>/dev/null || true
+  done
+  WHY="$(grep -v '^[[:space:]]*$' <<<"${SUBMITTED}" | tail -n 1)"
+  die "sbatch refused the job (${WHY:-no message}); nothing was submitted"
+fi
+echo "${SUBMITTED}"

@@ -2,6 +2,14 @@
 # `make te`: .venv-te, a venv with jax's CUDA 13 plugin and Transformer Engine JAX built from PyPI's sdist (cached),
 # plus a libcuda.so.1 stub for machines without a driver. Enough to lower and export for CUDA on a CPU machine.
 # Idempotent: a second run checks its stamp and returns in seconds.
+#
+# One build at a time per venv: a second `make te` started meanwhile says so and waits on the first's lock (flock on
+# .venv-te.lock), then finds the venv up to date. The stamp (.venv-te/.te-installed) is removed before a build
+# changes anything and written only when the venv imports Transformer Engine, so an interrupted build (Ctrl-C, a
+# kill, a full disk) leaves a venv that scripts/te/python.sh refuses and the next `make te` rebuilds; the cached
+# wheel and the libcuda stub are written under temporary names and renamed when complete.
+#
+#   scripts/te/build.sh [--stamp]      (--stamp: print the stamp a finished build writes, build nothing)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -14,8 +22,13 @@ STUB_DIR="$VENV/lib/libcuda-stub"
 LOGS="$VENV/logs"
 PHASES=6
 
+trap 'echo "make te: interrupted; the venv is not marked finished (run make te again)" >&2; exit 130' INT
+trap 'echo "make te: stopped; the venv is not marked finished (run make te again)" >&2; exit 143' TERM
+
 say() { echo "te: $*"; }
-phase() { say "[$1/$PHASES] $2"; }
+STAMP_ONLY=""
+[[ "${1:-}" == --stamp ]] && STAMP_ONLY=1
+phase() { [[ -n "$STAMP_ONLY" ]] || say "[$1/$PHASES] $2"; }
 fail() { echo "make te: error: $1" >&2; exit "${2:-2}"; }
 
 # One pip call, its output in a log; on failure one line pointing at the log (and at the network when that is it).
@@ -45,8 +58,29 @@ JAX_VERSION="$(sed -nE 's/^jaxlib==([0-9.]+).*/\1/p' "$ROOT/requirements.txt")"
 [[ -n "$JAX_VERSION" ]] || fail "requirements.txt pins no jaxlib==X; .venv-te takes its jax version from there" 1
 KEY="te-$TE_VERSION-$TE_CUDA-jax-$JAX_VERSION-$PY_TAG"
 STAMP_TEXT="$KEY $(cat "$PINS" "$HERE/build.sh" "$HERE/libcuda_stub.c" "$ROOT/requirements.txt" "$ROOT/requirements-dev.txt" | cksum)"
-if [[ -f "$VENV/.te-installed" && "$(cat "$VENV/.te-installed")" == "$STAMP_TEXT" ]] \
-   && "$HERE/python.sh" -c 'import jax; jax.devices(); import transformer_engine.jax' >/dev/null 2>&1; then
+if [[ -n "$STAMP_ONLY" ]]; then
+  echo "$STAMP_TEXT"
+  exit 0
+fi
+up_to_date() {
+  [[ -f "$VENV/.te-installed" && "$(cat "$VENV/.te-installed")" == "$STAMP_TEXT" ]] \
+    && MAXTEXT_TE_BUILDING=1 "$HERE/python.sh" -c 'import jax; jax.devices(); import transformer_engine.jax' \
+      >/dev/null 2>&1
+}
+# The lock: another build of this venv running means wait for it (its pid in the lock file), then look again.
+if command -v flock >/dev/null; then
+  LOCK="${VENV%/}.lock"
+  mkdir -p "$(dirname "$LOCK")"
+  exec 9<>"$LOCK"
+  if ! flock -n 9; then
+    say "another make te (pid $(head -c 20 "$LOCK" | tr -dc 0-9)) is building ${VENV#"$ROOT/"}; waiting for it to finish"
+    flock 9
+  fi
+  echo "$$" >"$LOCK"
+else
+  say "no flock here: a second make te started meanwhile would build alongside this one"
+fi
+if up_to_date; then
   say "up to date ($KEY in ${VENV#"$ROOT/"}); nothing to do"
   exit 0
 fi
@@ -99,7 +133,7 @@ else
   mkdir -p "$WHEEL_DIR"
   built="$(ls "$BUILD"/transformer_engine_jax-*.whl)"
   # Into the cache under a temporary name, then renamed: an interrupted build never leaves a partial wheel there.
-  cp "$built" "$WHEEL_DIR/.partial" && mv "$WHEEL_DIR/.partial" "$WHEEL_DIR/$(basename "$built")"
+  cp "$built" "$WHEEL_DIR/.partial-$$" && mv "$WHEEL_DIR/.partial-$$" "$WHEEL_DIR/$(basename "$built")"
   WHEEL="$WHEEL_DIR/$(basename "$built")"
 fi
 pip_logged install-wheel install --no-deps --force-reinstall "$WHEEL"
@@ -115,8 +149,8 @@ mv "$STUB_DIR/libcuda.so.1.partial" "$STUB_DIR/libcuda.so.1"
 phase 6 "checking that transformer_engine.jax imports"
 # jax first, as te_backend does (it asks jax for GPUs): jax's CUDA plugin loads the NVIDIA libraries from their wheels
 # (NCCL among them), which TE's core library links by name.
-if ! "$HERE/python.sh" -c 'import jax; jax.devices(); import transformer_engine.jax, transformer_engine.jax.flax' \
-    >"$LOGS/import.log" 2>&1; then
+if ! MAXTEXT_TE_BUILDING=1 "$HERE/python.sh" \
+    -c 'import jax; jax.devices(); import transformer_engine.jax, transformer_engine.jax.flax' >"$LOGS/import.log" 2>&1; then
   fail "transformer_engine.jax does not import in ${VENV#"$ROOT/"}; see $LOGS/import.log" 1
 fi
 echo "$STAMP_TEXT" >"$VENV/.te-installed"

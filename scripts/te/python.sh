@@ -7,6 +7,11 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   echo "error: ${VENV} does not exist; run 'make te' first" >&2
   exit 2
 fi
+# A venv without the stamp build.sh writes last is one a build didn't finish (interrupted, or still running).
+if [[ ! -f "$VENV/.te-installed" && -z "${MAXTEXT_TE_BUILDING:-}" ]]; then
+  echo "error: ${VENV} is not finished (a make te was interrupted, or is still running); run 'make te'" >&2
+  exit 2
+fi
 if ! "$VENV/bin/python" -c 'import ctypes; ctypes.CDLL("libcuda.so.1")' >/dev/null 2>&1; then
   export LD_LIBRARY_PATH="$VENV/lib/libcuda-stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # jax's CUDA plugin checks the CUDA libraries' versions through CUPTI, which needs a driver: without one the check

@@ -90,6 +90,32 @@ def test_identical_modes_give_an_interval_at_zero_and_the_table_reports_seeds():
   assert parity.markdown(one, 0.3).startswith("| mode | final loss | gap to bf16 (last 30%) |")
 
 
+def test_the_table_carries_each_modes_tokens_per_second_and_step_memory():
+  rng = np.random.default_rng(1)
+  curves = _curves(rng, [0, 1], {"te_fp8_currentscaling": 0.0, "te_nvfp4": 0.03})
+  speed = {"te_fp8_currentscaling": {0: 1000.0, 1: 1200.0}, "te_nvfp4": {0: 1650.0, 1: 1650.0}}
+  rows = parity.measured(parity.analyse_seeds(curves), speed, {"te_fp8_currentscaling": 1.5, "te_nvfp4": 1.25})
+  assert [r["tokens_per_s_per_device"] for r in rows] == [1100.0, 1650.0]
+  table = parity.markdown_seeds(rows, 0.3)
+  assert "tokens/s/device (vs baseline)" in table.splitlines()[2] and "| 1,650 (1.50x) | 1.25 |" in table
+  assert table.splitlines()[3].count("|") == table.splitlines()[2].count("|")  # the separator matches the head
+  one = parity.markdown(
+    parity.measured(
+      parity.analyse_seeds({m: {0: c[0]} for m, c in curves.items()}),
+      speed,
+      {"te_fp8_currentscaling": 1.5, "te_nvfp4": 1.25},
+    ),
+    0.3,
+  )
+  assert "| 1,650 (1.65x) | 1.25 |" in one and one.splitlines()[0].count("|") == one.splitlines()[1].count("|")
+
+
+def test_a_small_model_gap_is_labelled_not_comparable_with_the_published_one():
+  assert "not comparable" in parity.scope_note("llama3_tiny", 200, "1x cpu (cpu)")
+  assert "not comparable" in parity.scope_note("llama3-8b", 500, "8x NVIDIA H100 80GB HBM3 (gpu)")
+  assert "not comparable" not in parity.scope_note("llama3-8b", 10_000, "32x NVIDIA GB200 (gpu)")
+
+
 def test_final_eval_gaps_are_paired_by_seed():
   rng = np.random.default_rng(5)
   curves = _curves(rng, [0, 1], {"bf16": 0.0, "te_nvfp4": 0.02})
@@ -146,6 +172,10 @@ def test_parallel_runs_give_the_sequential_curves(tmp_path):
   assert "[te_nvfp4 seed 1] completed step: 5" in out and "2 seeds 0, 1" in out
   assert _losses(tmp_path / "par") == _losses(tmp_path / "seq")
   assert set(_losses(tmp_path / "seq")["te_nvfp4"]) == {"0", "1"}
+  rows = json.loads((tmp_path / "seq" / "curves.json").read_text())["table"]
+  assert all(r["tokens_per_s_per_device"] > 0 and 0 < r["step_memory_gib"] < 8 for r in rows)
+  page = (tmp_path / "seq" / "parity.md").read_text()
+  assert "small-model check" in page and "![loss curves and gaps](parity.png)" in page
 
 
 def _stop_after_first_step(proc, signum):

@@ -61,7 +61,7 @@ def test_llama_configs_have_the_published_shapes():
     ("scan_layers=maybe", "scan_layers='maybe' is not a valid bool"),
     (
       "remat_policy=some",
-      "remat_policy='some' is not one of: none, minimal, minimal_with_context, minimal_with_quantization,",
+      "remat_policy='some' is not one of: auto, none, minimal, minimal_with_context, minimal_with_quantization,",
     ),
     ("quantization=te_nvfp5", "quantization='te_nvfp5' is not one of"),
     ("steps=0", "steps=0 must be > 0"),
@@ -249,8 +249,10 @@ def test_file_errors(tmp_path):
     config.load(latin1)
   unreadable = tmp_path / "dir.yml"
   unreadable.mkdir()
-  with pytest.raises(config.ConfigError, match="config file not found"):
+  with pytest.raises(config.ConfigError, match="config file .*dir.yml is a directory; give a YAML file$"):
     config.load(unreadable)
+  with pytest.raises(config.ConfigError, match=r"is a directory; give a YAML file \(in it: base.yml, llama3.1_405b"):
+    config.load(REPO / "configs")
   loop = tmp_path / "loop.yml"
   loop.write_text("base_config: loop.yml\n")
   with pytest.raises(config.ConfigError, match="cycle"):

@@ -85,7 +85,9 @@ def test_without_a_gradient_only_the_loss_runs():
 
 
 def test_tiles_must_divide_the_sequence():
-  with pytest.raises(config.ConfigError, match="num_vocab_tiling=5 must be >= 1 and divide max_target_length=32"):
+  with pytest.raises(
+    config.ConfigError, match=r"num_vocab_tiling=5 must be -1 \(auto\), or >= 1 and divide max_target_length=32"
+  ):
     config.load(REPO / "configs" / "llama3_tiny.yml", ["max_target_length=32", "num_vocab_tiling=5"])
   with pytest.raises(config.ConfigError, match="num_vocab_tiling=0"):
     config.load(REPO / "configs" / "llama3_tiny.yml", ["num_vocab_tiling=0"])

@@ -5,6 +5,9 @@ emulation with the Pallas quantizers on one H100); the step's FLOPs as MaxText c
 refusal of a step over the target's memory, and dry_run's compiled figure."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -103,7 +106,7 @@ def test_b200_8_nvfp4_xla_backend_gemms_are_native_fp4_and_sharded():
 
 @pytest.mark.heavy
 def test_b200_8_bf16_collectives_and_cli_report(tmp_path, capsys):
-  out, hlo_path = tmp_path / "r.json", tmp_path / "step.hlo"
+  out, hlo_path = tmp_path / "reports" / "b200" / "r.json", tmp_path / "step.hlo"  # the report's parents made
   argv = [str(TINY), "dataset_type=synthetic", "compile_topology=b200-8"]
   assert train_compile.main([*argv, f"compile_report={out}", f"compile_hlo={hlo_path}"]) == 0
   printed = capsys.readouterr().out
@@ -113,6 +116,23 @@ def test_b200_8_bf16_collectives_and_cli_report(tmp_path, capsys):
   assert report["collectives"]["all-gather"] > 0
   assert report["command"][-2:] == [f"compile_report={out}", f"compile_hlo={hlo_path}"]
   assert "HloModule" in hlo_path.read_text()
+  assert sorted(p.name for p in tmp_path.rglob("*")) == ["b200", "r.json", "reports", "step.hlo"]  # no temporary file
+
+
+def test_a_platform_jax_cannot_start_is_one_line(tmp_path):
+  """JAX_PLATFORMS=cuda on a machine without a GPU: jax's CUDA plugin fails to start (pages of traceback): one line,
+  before anything compiles."""
+  proc = subprocess.run(
+    [sys.executable, "-m", "MaxText.train_compile", str(TINY), "compile_topology=h100-1"],
+    cwd=tmp_path,
+    env={**os.environ, "JAX_PLATFORMS": "cuda", "PYTHONPATH": str(REPO)},
+    capture_output=True,
+    text=True,
+    check=False,
+  )
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+  assert lines[0].startswith("error: jax can't start JAX_PLATFORMS='cuda' here (")
 
 
 @pytest.mark.heavy

@@ -66,7 +66,8 @@ def _skip(cfg, shape):
   return it
 
 
-def test_logits_dot_in_fp32_runs_the_lm_head_on_f32_operands():
+def test_logits_dot_in_fp32_runs_the_lm_head_on_f32_operands(cpu_gemm_choice):
+  cpu_gemm_choice("bfloat16")  # the CPU's GEMMs on bf16 operands, as a GPU's: only logits_dot_in_fp32 widens them
   x = jax.random.normal(jax.random.key(0), (2, 8, 64), jnp.float32)
   logits = {}
   for fp32 in (False, True):

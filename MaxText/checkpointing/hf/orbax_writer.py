@@ -80,6 +80,7 @@ class ParamCheckpointWriter:
     flight stays in `_pending` until it has finished, whatever interrupts this (abort() waits for it)."""
     with preemption.deferred():
       self._pending.append(self._stores[path][index].write(block))
+    preemption.point("write")  # tests: a stop signal mid-write
     while len(self._pending) > MAX_PENDING:
       self._pending[0].result()
       self._pending.popleft()

@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from MaxText.checkpointing.hf import HFError
+from MaxText.runtime import preemption
 
 # The format's dtype names (safetensors' Dtype enum) and their little-endian numpy types.
 DTYPES = {
@@ -244,6 +245,7 @@ class SafetensorsWriter:
     data = memoryview(array.reshape(-1).view(np.uint8))
     self._pwrite(data, self._data_start + offset + row * row_bytes)
     self._written[name] += len(data)
+    preemption.point("write")  # tests: a stop signal mid-write
 
   def close(self):
     """Flushes and closes; ValueError if a tensor was not (or not wholly) written."""

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from MaxText.quantization import target
 from MaxText.quantization.backends import emulated
 from MaxText.quantization.backends.base import Backend
-from MaxText.quantization.formats import Format, grids, mx, nvfp4
+from MaxText.quantization.formats import Format, grids, mx, nvfp4, sr_bits
 from MaxText.quantization.formats.tensor import QuantizedTensor
 from MaxText.quantization.kernels import quantizer_impl
 from MaxText.quantization.kernels.quantizer_impl import Kernels
@@ -67,8 +67,8 @@ def quantize_for_gemm(x, recipe: Recipe, role: str, key=None, amax_axes=(), draw
 
 def _quantize_with_kernels(x, recipe: Recipe, role: str, key, transpose, interpret, amax_axes, draws):
   """An NVFP4 operand from the Pallas kernels, narrow (same bits as quantize_for_gemm), or None where they don't cover
-  it (MX, SR on an odd row count or another PRNG, a shard's draws in the whole operand: the XLA path then)."""
-  if recipe.format is not Format.NVFP4 or draws is not None:  # the kernels draw for the array they are given
+  it (MX, a shard's draws given as values rather than where it lies: the XLA path then)."""
+  if recipe.format is not Format.NVFP4 or not (draws is None or isinstance(draws, sr_bits.ShardIndex)):
     return None
   # Imported here: Pallas takes ~0.7 s to import, and only the kernel path needs it.
   from MaxText.quantization.kernels import pallas_quantize  # pylint: disable=import-outside-toplevel
@@ -84,7 +84,7 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, transpose, interpr
   # shard's (partition.py) is then the largest over `amax_axes`, in nvfp4_narrow, as the pass's would be.
   amax = None if options["rht"] else grids.abs_max(x.astype(jnp.float32))
   values, scales, amax = pallas_quantize.nvfp4_narrow(
-    x, **options, transpose=transpose, interpret=interpret, amax=amax, amax_axes=amax_axes
+    x, **options, transpose=transpose, interpret=interpret, amax=amax, amax_axes=amax_axes, draws=draws
   )
   e4m3_max = jnp.float32(nvfp4.global_e4m3_max(options["four_over_six"]))
   return QuantizedTensor(values, scales, amax, e4m3_max, tile=options["tile"])

@@ -87,7 +87,7 @@ def _rounded_magnitude(abs_scaled, uniforms, minimum, round_half_even):
   if uniforms is None:
     return round_half_even(t), spacing
   low = jnp.floor(t)
-  return low + jnp.where(uniforms < t - low, np.float32(1.0), np.float32(0.0)), spacing
+  return low + jnp.where(uniforms <= t - low, np.float32(1.0), np.float32(0.0)), spacing
 
 
 def _value_magnitude(k, spacing, decode, amax, d0, d1):

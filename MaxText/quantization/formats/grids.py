@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from MaxText.quantization.formats import sr_bits
+
 FLT_MAX = float(jnp.finfo(jnp.float32).max)
 _SIGN_BIT = np.uint32(0x80000000)
 _ABS_MASK = np.uint32(0x7FFFFFFF)
@@ -230,16 +232,18 @@ def round_to_grid(x, grid: FloatGrid):
 def stochastic_round_to_grid(x, grid: FloatGrid, key):
   """Round f32 `x` up or down to one of its two neighbours on `grid` with probability by distance.
 
-  Unbiased inside the range up to the draw's 16-bit resolution (|E[q(x)] - x| <= 2**-17 of a grid
-  step); saturates at ±max like round_to_grid. The draws are bit-identical on every backend: threefry
-  bits, each 32-bit word split into two 16-bit uniforms (the threefry hash is most of the cost of
-  quantizing a gradient on CPU, and 16 bits is far finer than the step it rounds within).
+  Unbiased inside the range up to the draw's 16-bit resolution (the fraction of the step is truncated to 16 bits,
+  so |E[q(x)] - x| < 2**-16 of a grid step); saturates at ±max like round_to_grid. The draws are bit-identical on
+  every backend: 16 bits per element from a counter hash of (key, row, column) (sr_bits.py), as Blackwell's
+  stochastic-rounding conversion reads them. `x` is [rows, cols] (or 1-D: one row).
   """
-  return stochastic_round_with_uniforms(x, grid, uniform16(key, jnp.shape(x)))
+  shape = jnp.shape(x)
+  rows_cols = shape if len(shape) == 2 else (1, math.prod(shape))
+  return stochastic_round_with_uniforms(x, grid, uniform16(key, rows_cols).reshape(shape))
 
 
 def stochastic_round_with_uniforms(x, grid: FloatGrid, u):
-  """stochastic_round_to_grid given its uniforms u in (0, 1) (x's shape): up where u < the fraction of the step.
+  """stochastic_round_to_grid given its thresholds u in (0, 1] (x's shape): up where u <= the fraction of the step.
 
   For rounding several candidates of one tensor with the same draws (Four Over Six's two block scales).
   """
@@ -248,27 +252,24 @@ def stochastic_round_with_uniforms(x, grid: FloatGrid, u):
   q, inv_q = _spacing(abs_x, grid)
   lower = jnp.floor(abs_x * inv_q) * q
   frac = (abs_x - lower) * inv_q  # in [0, 1): exact, lower and q are on the grid
-  rounded = jnp.minimum(lower + jnp.where(u < frac, q, 0.0), grid.max_value)
+  rounded = jnp.minimum(lower + jnp.where(u <= frac, q, 0.0), grid.max_value)
   return jnp.where(jnp.isnan(x), x, jnp.copysign(rounded, x))
 
 
 def uniform16(key, shape):
-  """Uniforms (r + 0.5) / 2**16, r a 16-bit draw (exact in f32), two per threefry word."""
+  """The thresholds 1 - r / 2**16 of the 16-bit draws r of an operand of `shape` [rows, cols] (exact in f32)."""
   return uniform_from_draws(draws16(key, shape))
 
 
 def draws16(key, shape):
-  """uniform16's 16-bit draws r (uint16): two per threefry word, the low halves first."""
-  n = math.prod(shape)
-  words = jax.random.bits(key, ((n + 1) // 2,), jnp.uint32)
-  # [low halves; high halves] by a broadcast shift, not a concatenate (which stops XLA:CPU vectorizing)
-  halves = (words[None, :] >> np.array([[0], [16]], np.uint32)) & np.uint32(0xFFFF)
-  return halves.astype(jnp.uint16).ravel()[:n].reshape(shape)
+  """The 16-bit draws r (uint16) of an operand of `shape` [rows, cols]: sr_bits.operand_draws."""
+  return sr_bits.operand_draws(key, shape)
 
 
 def uniform_from_draws(r):
-  """(r + 0.5) / 2**16 in f32 (exact) for 16-bit draws r."""
-  return (r.astype(jnp.float32) + 0.5) * 2.0**-16
+  """1 - r / 2**16 in f32 (exact) for 16-bit draws r: rounding up where it is <= the step's fraction f is rounding up
+  where floor(f * 2**16) + r >= 2**16, the carry out of adding r to f's top 16 bits (PTX's .rs rounding)."""
+  return 1.0 - r.astype(jnp.float32) * 2.0**-16
 
 
 def cast_exact(x_on_grid, grid: FloatGrid):

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from MaxText.quantization.formats import grids
+from MaxText.quantization.formats import grids, sr_bits
 from MaxText.quantization.formats import four_over_six as fos
 from MaxText.quantization.formats.tensor import QuantizedTensor
 
@@ -121,7 +121,8 @@ def quantize(
   elements saturate.
   amax_axes, draws: a shard of a larger operand, inside a partitioned GEMM (quantization/partition.py): the amax is
   the largest over these mesh axes (one scalar all-reduce), and `draws` are the stochastic-rounding draws of the
-  shard's elements in the whole operand (uint16, x's shape), so the shard quantizes to the whole operand's bits.
+  shard's elements in the whole operand (uint16, x's shape), or where they lie in it (sr_bits.ShardIndex: the draws
+  are computed from it), so the shard quantizes to the whole operand's bits.
   """
   return _quantize_jit(
     x,
@@ -233,7 +234,12 @@ def _quantize_jit(
   u_blocks = None
   if stochastic_rounding:  # drawn for [M, N] as before; the padding (zeros) never rounds up
     # 16-bit draws, not the f32 uniforms: the 4/6 error pass and the quantize pass both read them (half the bytes)
-    u = grids.draws16(key, (m, n)) if draws is None else draws
+    if draws is None:
+      u = grids.draws16(key, (m, n))
+    elif isinstance(draws, sr_bits.ShardIndex):
+      u = sr_bits.draws(key, draws.rows, draws.cols)
+    else:
+      u = draws
     u_blocks = jnp.pad(u, ((0, rows - m), (0, padded.shape[1] - n))).reshape(rows, -1, BLOCK)
   if four_over_six:
     values, decode = _four_over_six(x_blocks, block_amax, amax, s_enc, s_dec, u_blocks, tile, four_over_six)

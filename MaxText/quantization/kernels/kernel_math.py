@@ -84,13 +84,8 @@ def stochastic_round_to_grid(x, grid: grids.FloatGrid, u):
   q, inv_q = grids.exp2i(e), grids.exp2i(-e)
   lower = jnp.floor(abs_x * inv_q) * q
   frac = (abs_x - lower) * inv_q
-  rounded = minimum(lower + jnp.where(u < frac, q, 0.0), grid.max_value)
+  rounded = minimum(lower + jnp.where(u <= frac, q, 0.0), grid.max_value)
   return jnp.where(jnp.isnan(x), x, _copysign(rounded, x))
-
-
-def uniform16(halves):
-  """grids.uniform16 from the 16-bit draws (uint32 < 2**16): (r + 0.5) / 2**16, exact."""
-  return (halves.astype(jnp.float32) + 0.5) * 2.0**-16
 
 
 def hadamard16(x):

@@ -3,8 +3,7 @@
 An operand is [rows, cols] with scaling blocks along cols, stored either as is or transposed (x_t,
 dy_t, w: the kernel reads x [cols, rows] and writes the operand, so x.T is never materialised). The
 kernel sees a [pair, block_rows, block_cols] tile: pair = 2 puts row r and row r + rows/2 in one
-program, which is how stochastic rounding shares each threefry word between its two 16-bit halves
-(grids.uniform16: element f uses word f's low half for f < n/2, word f - n/2's high half after).
+program (the kernels use pair = 1: stochastic rounding's draws depend on an element's row and column only).
 """
 
 import dataclasses
@@ -20,7 +19,7 @@ MAX_BLOCK_COLS = 128
 MAX_TRANSPOSED_BLOCK = 64
 
 
-def _pow2_divisor(n, cap):
+def pow2_divisor(n, cap):
   """The largest power of two dividing n, at most cap."""
   p = 1
   while n % (2 * p) == 0 and 2 * p <= cap:
@@ -80,11 +79,11 @@ class Layout:
 def make_layout(rows, cols, *, transpose, pair=1):
   """Tiles for a padded operand [rows, cols]; rows divisible by `pair`."""
   col_cap = MAX_TRANSPOSED_BLOCK if transpose else MAX_BLOCK_COLS
-  block_cols = _pow2_divisor(cols, col_cap)
+  block_cols = pow2_divisor(cols, col_cap)
   row_cap = max(1, BLOCK_ELEMS // (pair * block_cols))
   if transpose:
     row_cap = min(row_cap, MAX_TRANSPOSED_BLOCK)
-  return Layout(rows, cols, transpose, pair, _pow2_divisor(rows // pair, row_cap), block_cols)
+  return Layout(rows, cols, transpose, pair, pow2_divisor(rows // pair, row_cap), block_cols)
 
 
 def pad_operand(x, *, transpose, row_multiple, col_multiple):

@@ -2,13 +2,14 @@
 
 Each operand is read once by a per-tensor amax pass (NVFP4, FP8 current scaling; with the RHT for the
 wgrad operands, as TE's amax kernel does), and once more by the quantize pass, which writes what
-the GEMM reads (bf16 block-scaled values, or f8) and nothing else: the RHT, block amaxes, E4M3 / E8M0
+the GEMM reads (narrow codes, bf16 block-scaled values, or f8) and nothing else: the RHT, block amaxes, E4M3 / E8M0
 scales, rounding and the stochastic-rounding draws all stay in registers. MX needs no global amax:
 one pass. Transposed operands (x_t, dy_t, the weight) are read from the untransposed array.
 
-Same bits as `nvfp4.quantize_block_scaled`, `fp8.quantize` / `mx.quantize`:
-every step is the XLA path's exact arithmetic (kernel_math.py says what had to be rebuilt), and the
-stochastic-rounding uniforms are the threefry words jax.random.bits would draw (threefry.py).
+Same bits as `nvfp4.quantize` / `quantize_block_scaled`, `fp8.quantize` / `mx.quantize`. The narrow NVFP4 pass (what
+the xla backend's GEMM reads) is nvfp4_narrow.py's kernel, built for instruction count (the hardware FP4 conversions
+on Blackwell); the block-scaled output and Four Over Six run kernel_math.py's exact rebuild of the XLA path's
+arithmetic. The stochastic-rounding draws are sr_bits.py's, computed from each element's row and column.
 On CPU the kernels run only in Pallas interpret mode (`interpret=True`), which is how they are tested.
 """
 
@@ -16,15 +17,16 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from MaxText.quantization.formats import four_over_six as fos
 from MaxText.quantization.formats import grids
 from MaxText.quantization.kernels import kernel_math as km
-from MaxText.quantization.formats import nvfp4
+from MaxText.quantization.formats import nvfp4, sr_bits
 from MaxText.quantization.kernels import pallas_layout
-from MaxText.quantization.kernels import threefry
+from MaxText.quantization.kernels import nvfp4_narrow as nvfp4_narrow_kernel
 
 NVFP4_BLOCK = nvfp4.BLOCK
 MX_BLOCK = 32
@@ -54,31 +56,26 @@ def _finish(out_3d, layout, rows, cols):
 # ---------------------------------------------------------------- amax
 
 
-def _amax_kernel(x_ref, o_ref, *, layout, rht):
-  x = layout.load(x_ref)
-  if rht:
-    x = km.hadamard16(x.reshape(*x.shape[:-1], -1, NVFP4_BLOCK))
-  o_ref[...] = km.amax_bits(x).reshape(1, 1, 1)
+def _amax_kernel(x_ref, o_ref, *, layout):
+  o_ref[...] = km.amax_bits(layout.load(x_ref)).reshape(1, 1, 1)
 
 
 def amax_padded(x_padded, *, transpose, rht, interpret):
   """max |operand| (of its RHT if rht) as f32, from per-program maxima (uint32 magnitude bits) reduced by XLA."""
-  stored_rows, stored_cols = x_padded.shape
   if rht:  # the butterfly runs along the operand's blocks: read as the quantize pass does
-    rows, cols = (stored_cols, stored_rows) if transpose else (stored_rows, stored_cols)
-    layout = pallas_layout.make_layout(rows, cols, transpose=transpose)
-  else:  # layout-free: read the stored array as it is
-    layout = pallas_layout.make_layout(stored_rows, stored_cols, transpose=False)
+    return nvfp4_narrow_kernel.amax_rht(x_padded, transpose=transpose, interpret=interpret)
+  stored_rows, stored_cols = x_padded.shape  # layout-free: read the stored array as it is
+  layout = pallas_layout.make_layout(stored_rows, stored_cols, transpose=False)
   grid = layout.grid
   partial = pl.pallas_call(
-    functools.partial(_amax_kernel, layout=layout, rht=rht),
+    functools.partial(_amax_kernel, layout=layout),
     out_shape=jax.ShapeDtypeStruct((1, *grid), jnp.uint32),
     grid=grid,
     in_specs=[layout.in_spec()],
     out_specs=pl.BlockSpec((1, 1, 1), lambda i, j: (0, i, j)),
     compiler_params=pl_triton.CompilerParams(num_warps=_NUM_WARPS, num_stages=1),
     interpret=interpret,
-    name=KERNEL_PREFIX + ("amax_rht" if rht else "amax"),
+    name=KERNEL_PREFIX + "amax",
   )(layout.view(x_padded))
   return grids.f32_from_bits(jnp.max(partial))
 
@@ -87,14 +84,13 @@ def amax_padded(x_padded, *, transpose, rht, interpret):
 
 
 def _sr_uniforms(layout, key_ref, operand_cols):
-  """grids.uniform16's draws for this tile, [2, block_rows, block_cols]: one threefry word per pair of rows."""
+  """grids.uniform16's thresholds for this tile, [1, block_rows, block_cols]: sr_bits' draws of its (row, col)."""
+  del operand_cols  # the draws depend on the element's row and column only
   row0, col0 = layout.rows_cols_origin()
-  shape = (layout.block_rows, layout.block_cols)
-  rows = row0 + jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
-  cols = col0 + jax.lax.broadcasted_iota(jnp.uint32, shape, 1)
-  words = threefry.random_bits_word(key_ref[0], key_ref[1], rows * operand_cols + cols)
-  shift = jax.lax.broadcasted_iota(jnp.uint32, layout.tile, 0) * 16  # low half: first rows, high: second
-  return km.uniform16((words[None] >> shift) & 0xFFFF)
+  rows = row0 + jax.lax.broadcasted_iota(jnp.uint32, layout.tile, 1)
+  cols = col0 + jax.lax.broadcasted_iota(jnp.uint32, layout.tile, 2)
+  words = sr_bits.word(key_ref[0], key_ref[1], rows, cols >> 2)
+  return grids.uniform_from_draws(sr_bits.draws_of_word(words, cols & 3))
 
 
 def _tile_amax_bits(block_bits):
@@ -185,14 +181,11 @@ def _tile_errors(errors):
 
 
 def nvfp4_supported(shape, *, tile=(1, 16), stochastic_rounding=False, key=None):
-  """Whether the kernel covers this operand: SR needs 1x16 blocks, an even row count (rows pair up on
-  threefry words) and a key whose draws threefry.py reproduces."""
+  """Whether the kernels cover this operand: any non-empty one; stochastic rounding needs 1x16 blocks and a key."""
   rows, cols = shape
   if rows * cols == 0:
     return False
-  if not stochastic_rounding:
-    return True
-  return tile[0] == 1 and rows % 2 == 0 and threefry.reproducible(key, rows * cols // 2)
+  return not stochastic_rounding or (tile[0] == 1 and key is not None)
 
 
 def nvfp4_block_scaled(
@@ -230,13 +223,64 @@ def nvfp4_narrow(
   interpret=False,
   amax=None,
   amax_axes=(),
+  draws=None,
 ):
   """nvfp4.quantize(x.T if transpose else x, ...) as the block-scaled GEMM reads it: (E2M1 values [R, C] in
   float4_e2m1fn, E4M3 block scales [R, ceil(C/16)] in float8_e4m3fn, amax); the same bits as the XLA path, written
   once (half a byte and a sixteenth of a byte per element) by one kernel after the amax pass. `amax`: max |x| (of its
   RHT if rht) computed by the caller, exactly grids.abs_max's, instead of the amax pass. `amax_axes`: x is a shard of
   the operand (inside a partitioned GEMM): the amax, the pass's or the caller's (x's own), is the largest over these
-  mesh axes."""
+  mesh axes. `draws`: with stochastic rounding, where the shard's elements lie in the whole operand
+  (sr_bits.ShardIndex, the operand's rows and columns), so that it draws the whole operand's bits."""
+  rows, cols = x.shape[::-1] if transpose else x.shape
+  _check(rows, cols, tile, rht, stochastic_rounding, key)
+  if four_over_six or (draws is not None and not isinstance(draws, sr_bits.ShardIndex)):
+    if draws is not None:
+      raise ValueError("nvfp4 kernel: Four Over Six draws for the array it is given; use the XLA path for a shard")
+    return _nvfp4_narrow_4over6(
+      x, tile, rht, stochastic_rounding, key, four_over_six, transpose, interpret, amax, amax_axes
+    )
+  padded = pallas_layout.pad_operand(x, transpose=transpose, row_multiple=tile[0], col_multiple=NVFP4_BLOCK)
+  if amax is None:
+    amax = amax_padded(padded, transpose=transpose, rht=rht, interpret=interpret)
+  amax = grids.max_across(amax, amax_axes)
+  s_enc = nvfp4.global_encode_scale(amax)
+  sr_rows = sr_blocks = None
+  if stochastic_rounding:
+    sr_rows, sr_blocks = _sr_index(padded.shape[::-1] if transpose else padded.shape, draws)
+  packed, codes = nvfp4_narrow_kernel.quantize(
+    padded,
+    s_enc,
+    transpose=transpose,
+    tile_rows=tile[0],
+    rht=rht,
+    key=key if stochastic_rounding else None,
+    sr_rows=sr_rows,
+    sr_blocks=sr_blocks,
+    interpret=interpret,
+    name=_kernel_name(tile[0], rht, stochastic_rounding, None, "_narrow"),
+  )
+  padded_rows, padded_cols = packed.shape[0], packed.shape[1] * 2
+  values = jax.lax.bitcast_convert_type(packed, jnp.float4_e2m1fn).reshape(padded_rows, padded_cols)
+  scales = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
+  return values[:rows, :cols], scales[:rows, : -(-cols // NVFP4_BLOCK)], amax
+
+
+def _sr_index(padded_shape, draws):
+  """(global row of each row, global 16-block of each block) of the padded operand: its own, or a shard's."""
+  rows, cols = padded_shape
+  if draws is None:
+    return jnp.arange(rows, dtype=jnp.uint32), jnp.arange(cols // NVFP4_BLOCK, dtype=jnp.uint32)
+  if draws.rows.shape[0] != rows or draws.cols.shape[0] != cols:
+    raise ValueError(
+      f"nvfp4 kernel: a shard's index ({draws.rows.shape[0]} rows, {draws.cols.shape[0]} cols) must cover the "
+      f"operand {padded_shape} whole, its columns in whole 16-element blocks"
+    )
+  return draws.rows.astype(jnp.uint32), draws.cols[::NVFP4_BLOCK].astype(jnp.uint32) >> np.uint32(4)
+
+
+def _nvfp4_narrow_4over6(x, tile, rht, stochastic_rounding, key, four_over_six, transpose, interpret, amax, amax_axes):
+  """nvfp4_narrow with Four Over Six: both candidates' errors in the kernel (kernel_math's exact arithmetic)."""
   options = dict(tile=tile, rht=rht, stochastic_rounding=stochastic_rounding, key=key, four_over_six=four_over_six)
   call, layout, rows, cols, amax = _nvfp4_call(
     x, _nvfp4_narrow_kernel, transpose, interpret, "_narrow", amax=amax, amax_axes=amax_axes, **options
@@ -251,26 +295,7 @@ def nvfp4_narrow(
   return values.reshape(layout.rows, layout.cols)[:rows, :cols], scales[:rows, : -(-cols // NVFP4_BLOCK)], amax
 
 
-def _nvfp4_call(
-  x,
-  kernel,
-  transpose,
-  interpret,
-  suffix,
-  *,
-  tile,
-  rht,
-  stochastic_rounding,
-  key,
-  four_over_six,
-  amax=None,
-  amax_axes=(),
-):
-  """(call(out_shapes, out_specs) -> outputs, layout, operand rows, operand cols, amax) of an NVFP4 quantize pass: the
-  checks, the padding and the amax pass (unless `amax`, x's own, is given) done, the amax the largest over the mesh
-  axes `amax_axes` (x a shard, in a partitioned GEMM: the whole operand's per-tensor scale); the kernel's scalars and
-  x bound."""
-  rows, cols = x.shape[::-1] if transpose else x.shape
+def _check(rows, cols, tile, rht, stochastic_rounding, key):
   if not nvfp4_supported((rows, cols), tile=tile, stochastic_rounding=stochastic_rounding, key=key):
     raise ValueError(
       f"nvfp4 kernel: operand {(rows, cols)} with tile {tile}, stochastic_rounding="
@@ -278,19 +303,32 @@ def _nvfp4_call(
     )
   if rht and cols % NVFP4_BLOCK:
     raise ValueError(f"hadamard16: last axis of shape {(rows, cols)} must be a multiple of {NVFP4_BLOCK}")
+
+
+def _kernel_name(tile_rows, rht, sr, four_over_six, suffix):
+  return (
+    "nvfp4"
+    + ("_16x16" if tile_rows > 1 else "")
+    + ("_rht" if rht else "")
+    + ("_sr" if sr else "")
+    + (f"_4over6_{four_over_six}" if four_over_six else "")
+    + suffix
+  )
+
+
+def _nvfp4_call(x, kernel, transpose, interpret, suffix, *, tile, rht, stochastic_rounding, key, four_over_six, **amax):
+  """(call(out_shapes, out_specs) -> outputs, layout, operand rows, operand cols, amax) of an NVFP4 quantize pass of
+  the kernel_math kernels (block-scaled output, Four Over Six): the checks, the padding and the global scales done
+  (_nvfp4_scalars), the kernel's scalars and x bound."""
+  rows, cols = x.shape[::-1] if transpose else x.shape
+  _check(rows, cols, tile, rht, stochastic_rounding, key)
   tile_rows = tile[0]
   padded = pallas_layout.pad_operand(x, transpose=transpose, row_multiple=tile_rows, col_multiple=NVFP4_BLOCK)
-  if amax is None:
-    amax = amax_padded(padded, transpose=transpose, rht=rht, interpret=interpret)
-  amax = grids.max_across(amax, amax_axes)  # after the shard's own amax: the caller's as well as the pass's
-  s_enc = nvfp4.global_encode_scale(amax, nvfp4.global_e4m3_max(four_over_six))
-  scalars = [jnp.stack([s_enc, grids.div_rn(1.0, s_enc), amax])]
+  scalars, amax = _nvfp4_scalars(padded, transpose, rht, four_over_six, interpret, **amax)
   if stochastic_rounding:
-    scalars.append(threefry.key_words(key))
+    scalars.append(sr_bits.key_words(key))
   padded_rows, padded_cols = padded.shape[::-1] if transpose else padded.shape
-  layout = pallas_layout.make_layout(
-    padded_rows, padded_cols, transpose=transpose, pair=2 if stochastic_rounding else 1
-  )
+  layout = pallas_layout.make_layout(padded_rows, padded_cols, transpose=transpose)
   body = functools.partial(
     kernel,
     layout=layout,
@@ -300,14 +338,7 @@ def _nvfp4_call(
     operand_cols=cols,
     four_over_six=four_over_six,
   )
-  name = (
-    "nvfp4"
-    + ("_16x16" if tile_rows > 1 else "")
-    + ("_rht" if rht else "")
-    + ("_sr" if stochastic_rounding else "")
-    + (f"_4over6_{four_over_six}" if four_over_six else "")
-    + suffix
-  )
+  name = KERNEL_PREFIX + _kernel_name(tile_rows, rht, stochastic_rounding, four_over_six, suffix)
   scalar_specs = [pl.BlockSpec(s.shape, lambda i, j: (0,)) for s in scalars]
 
   def call(out_shapes, out_specs):
@@ -319,10 +350,20 @@ def _nvfp4_call(
       out_specs=tuple(out_specs),
       compiler_params=pl_triton.CompilerParams(num_warps=_NUM_WARPS, num_stages=1),
       interpret=interpret,
-      name=KERNEL_PREFIX + name,
+      name=name,
     )(*scalars, layout.view(padded))
 
   return call, layout, rows, cols, amax
+
+
+def _nvfp4_scalars(padded, transpose, rht, four_over_six, interpret, amax=None, amax_axes=()):
+  """([S_enc, 1/S_enc, amax] f32, amax) of the padded operand: the amax pass's (or the caller's `amax`, x's own),
+  the largest over the mesh axes `amax_axes` (x a shard, in a partitioned GEMM: the whole operand's scale)."""
+  if amax is None:
+    amax = amax_padded(padded, transpose=transpose, rht=rht, interpret=interpret)
+  amax = grids.max_across(amax, amax_axes)  # after the shard's own amax: the caller's as well as the pass's
+  s_enc = nvfp4.global_encode_scale(amax, nvfp4.global_e4m3_max(four_over_six))
+  return [jnp.stack([s_enc, grids.div_rn(1.0, s_enc), amax])], amax
 
 
 # ---------------------------------------------------------------- per-tensor FP8

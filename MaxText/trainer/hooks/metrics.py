@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import time
 
 import jax
 
@@ -34,16 +35,46 @@ def _drop_rows_from(path, first_step):
     storage.write_text(path, "".join(kept))
 
 
+class TensorBoardEvents:
+  """TensorBoard scalars written by this thread into one event file under `log_dir` (tensorboardX's record format,
+  local, gs:// or s3://): a write that fails raises here, where the run can say it once. (tensorboardX's
+  SummaryWriter writes from a thread of its own: a full disk kills that thread with a traceback, its queue then
+  blocks the run, and its exit hook prints more tracebacks.)"""
+
+  def __init__(self, log_dir):
+    from tensorboardX import event_file_writer, record_writer  # pylint: disable=import-outside-toplevel  (optional)
+
+    record_writer.directory_check(log_dir)
+    self._events = event_file_writer.EventsWriter(os.path.join(log_dir, "events"))
+
+  def write(self, step, scalars):
+    from tensorboardX.proto import event_pb2, summary_pb2  # pylint: disable=import-outside-toplevel
+    from tensorboardX.summary import scalar  # pylint: disable=import-outside-toplevel
+
+    values = [scalar(name, value).value[0] for name, value in scalars.items()]
+    event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values))
+    self._events.write_event(event)
+
+  def flush(self):
+    self._events.flush()
+
+  def close(self):
+    self._events.close()
+
+
 class MetricsWriter:
   """Writes metrics.jsonl and (optionally) TensorBoard events into `run_dir`; flushes every `flush_period` steps.
 
-  Rows of steps >= `first_step` left by an earlier, interrupted run are dropped first (see _drop_rows_from).
+  Rows of steps >= `first_step` left by an earlier, interrupted run are dropped first (see _drop_rows_from). A
+  write that fails is one MetricsError; after it, closing the writer says nothing more (the run is already failing
+  with that line).
   """
 
   def __init__(self, run_dir, *, tensorboard=True, flush_period=10, enabled=True, first_step=0):
     self.enabled = enabled  # only the first process writes files in a multi-process job
     self.run_dir = str(run_dir)  # a local path or a URL (MaxText.storage)
     self.tb = None
+    self.failed = False
     if not enabled:
       return
     self.flush_period = flush_period
@@ -51,10 +82,8 @@ class MetricsWriter:
       storage.makedirs(self.run_dir)
       _drop_rows_from(os.path.join(self.run_dir, "metrics.jsonl"), first_step)
       self.jsonl = storage.AppendFile(os.path.join(self.run_dir, "metrics.jsonl"))
-    if tensorboard:
-      from tensorboardX import SummaryWriter  # imported here: optional for library users
-
-      self.tb = SummaryWriter(os.path.join(self.run_dir, "tensorboard"))
+      if tensorboard:
+        self.tb = TensorBoardEvents(os.path.join(self.run_dir, "tensorboard"))
 
   @contextlib.contextmanager
   def _reported(self, what):
@@ -62,6 +91,7 @@ class MetricsWriter:
     try:
       yield
     except OSError as e:
+      self.failed = True
       raise MetricsError(
         f"can't {what} the metrics in {self.run_dir} ({e.strerror or e}); free space or fix the "
         "directory, then rerun (checkpoints resume the run)"
@@ -73,14 +103,12 @@ class MetricsWriter:
     with self._reported(f"write step {step} of"):
       self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
       if self.tb is not None:
-        for name, value in metrics.items():
-          if isinstance(value, (int, float)):
-            self.tb.add_scalar(name, value, step)
+        self.tb.write(step, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
     if step % self.flush_period == 0:
       self.flush()
 
   def flush(self):
-    if not self.enabled:
+    if not self.enabled or self.failed:
       return
     with self._reported("flush"):
       self.jsonl.flush()
@@ -93,12 +121,12 @@ class MetricsWriter:
     try:
       self.flush()
     finally:
-      try:
-        self.jsonl.close()
-      except OSError:
-        pass
-      if self.tb is not None:
-        self.tb.close()
+      for f in (self.jsonl, self.tb):
+        try:
+          if f is not None:
+            f.close()
+        except OSError:
+          pass  # flushed above (or failed already, and said so): nothing left to lose or to say
 
 
 class MetricsHook(Hook):

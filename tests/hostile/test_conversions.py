@@ -1,162 +1,66 @@
-"""A hostile run of the Hugging Face conversion and decode command lines, tried as a new user would (issue #45): each
-case is a subprocess, judged clear when it is one `error: ...` line on stderr, exit code 2, no traceback, naming
-what the case is about (else "vague"); or the right result; or for a stop signal one line and exit 128 + its
-number. And nothing left behind: no `.partial` directory, no output from a command that failed, an existing output
-untouched.
+"""The Hugging Face conversion and decode command lines tried as a new user would (damaged config.json fields, full
+and read-only filesystems, file-size limits, unwritable directories, names over 255 bytes, stop signals mid-write,
+damaged, junk and unfinished checkpoints, another model's checkpoint, tiny temperatures): each case is clear when it
+is one `error: ...` line and exit code 2 naming what the case is about, or the right result, or for a stop signal
+one line and exit code 128 + its number; and nothing is left behind (no `.partial` directory, no output from a command
+that failed, an existing output untouched). tests/hostile/harness.py says how they run.
 
-    python scripts/hostile_cli.py [--work DIR] [--only SUBSTRING] [--list] [--repo OTHER_CHECKOUT]
+Their fixtures (tests/data/hf_tiny imported, a 3-step te_nvfp4 fine-tune of it with checkpoints 1, 2, 3, a
+checkpoint of another model shape, the greedy completion) are made once for all workers; the cases are slow (a
+process each): `make test-hostile`."""
 
-Fixtures first (~2 min on a 2-core CPU): tests/data/hf_tiny imported, a 3-step te_nvfp4 fine-tune of it with
-checkpoints 1, 2, 3, a checkpoint of another model shape, and a 90 MB synthetic Llama (imported too) that takes long
-enough to write for a signal to land mid-write. Storage faults are real: a file-size limit (RLIMIT_FSIZE), a full
-200 KB tmpfs (ENOSPC; needs mount rights, else those cases are skipped), a read-only tmpfs (EROFS), and a directory
-this process may not write (root without CAP_DAC_OVERRIDE, through util-linux's setpriv). Prints one row per case
-and the count; exit code 1 if any case is not clear. A logged `WARNING:` line (te_nvfp4 on a CPU says it runs
-emulated) is not counted as an error line. --repo runs another checkout's MaxText (the commit before a change) with
-this script's cases.
-"""
-
-import argparse
-import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
-import pathlib
-import resource
 import shutil
 import signal
-import subprocess
 import sys
-import tempfile
-import time
 import typing
 
-import ml_dtypes
-import numpy as np
+import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from MaxText.checkpointing.hf.safetensors_file import SafetensorsWriter  # noqa: E402  pylint: disable=wrong-import-position
+from tests.conftest import REPO
+from tests.hostile import harness
 
 HF_TINY = REPO / "tests" / "data" / "hf_tiny"
 DECODE = ["max_prefill_predict_length=16", "max_target_length=36", "prompt=ROMEO."]
-SETPRIV = shutil.which("setpriv")
-NO_DAC = [SETPRIV, "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search", "--"]
-
-
-CODE = {"repo": REPO}  # the checkout whose MaxText the cases run (--repo: another one, e.g. the commit before)
-
-
-def env():
-  path = os.pathsep.join(filter(None, [str(CODE["repo"]), os.environ.get("PYTHONPATH")]))
-  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", PYTHONPATH=path)
-
-
-def module(name, *args):
-  return [sys.executable, "-m", f"MaxText.{name}", *map(str, args)]
-
-
-def run(argv, cwd=REPO, **kw):
-  return subprocess.run(argv, cwd=cwd, env=env(), capture_output=True, text=True, check=False, **kw)
+module = harness.module
+pytestmark = pytest.mark.slow
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Fixtures
 
 
-def make_big_llama(out, hidden=1024, inter=2816, layers=4, heads=16, kv_heads=4, vocab=384):
-  """A random Llama directory of ~90 MB bf16 (config.json as hf_tiny's, its tokenizer): slow enough to write."""
-  out.mkdir(parents=True)
-  config = json.loads((HF_TINY / "config.json").read_text())
-  config.update(
-    hidden_size=hidden,
-    intermediate_size=inter,
-    num_hidden_layers=layers,
-    num_attention_heads=heads,
-    num_key_value_heads=kv_heads,
-    head_dim=hidden // heads,
-    vocab_size=vocab,
-  )
-  (out / "config.json").write_text(json.dumps(config, indent=2))
-  shutil.copyfile(HF_TINY / "tokenizer.json", out / "tokenizer.json")
-  kv = kv_heads * hidden // heads
-  shapes = {
-    "model.embed_tokens.weight": (vocab, hidden),
-    "model.norm.weight": (hidden,),
-    "lm_head.weight": (vocab, hidden),
-  }
-  for i in range(layers):
-    p = f"model.layers.{i}."
-    shapes.update(
-      {
-        p + "input_layernorm.weight": (hidden,),
-        p + "post_attention_layernorm.weight": (hidden,),
-        p + "self_attn.q_proj.weight": (hidden, hidden),
-        p + "self_attn.k_proj.weight": (kv, hidden),
-        p + "self_attn.v_proj.weight": (kv, hidden),
-        p + "self_attn.o_proj.weight": (hidden, hidden),
-        p + "mlp.gate_proj.weight": (inter, hidden),
-        p + "mlp.up_proj.weight": (inter, hidden),
-        p + "mlp.down_proj.weight": (hidden, inter),
-      }
-    )
-  rng = np.random.default_rng(0)
-  writer = SafetensorsWriter(out / "model.safetensors", {n: (ml_dtypes.bfloat16, s) for n, s in shapes.items()})
-  for name, shape in shapes.items():
-    value = np.ones(shape, np.float32) if len(shape) == 1 else rng.standard_normal(shape, np.float32) * 0.02
-    writer.write(name, value.astype(ml_dtypes.bfloat16))
-  writer.close()
-
-
-def build_fixtures(work):
-  """The shared, read-only fixtures under `work/fx` (made once; kept between runs)."""
-  fx = work / "fx"
-  if (fx / "done").exists():
-    return fx
-  shutil.rmtree(fx, ignore_errors=True)
+def _build_fixtures(fx):
+  """The shared, read-only fixtures under `fx`."""
   fx.mkdir(parents=True)
+  train = [str(REPO / "train.py"), fx / "imp" / "config.yml", "enable_checkpointing=true", "dataset_type=synthetic"]
+  train += ["per_device_batch_size=2", "max_target_length=32", f"base_output_directory={fx / 'runs'}"]
   steps = [
     module("convert_hf", "to-maxtext", HF_TINY, fx / "imp"),
-    [
-      sys.executable,
-      CODE["repo"] / "train.py",
-      fx / "imp" / "config.yml",
-      "steps=3",
-      "checkpoint_period=1",
-      "enable_checkpointing=true",
-      "dataset_type=synthetic",
-      "quantization=te_nvfp4",
-      "per_device_batch_size=2",
-      "max_target_length=32",
-      f"base_output_directory={fx / 'runs'}",
-      "run_name=ft",
-    ],
-    [
-      sys.executable,
-      CODE["repo"] / "train.py",
-      fx / "imp" / "config.yml",
-      "steps=1",
-      "enable_checkpointing=true",
-      "dataset_type=synthetic",
-      "base_mlp_dim=96",
-      "load_parameters_path=",
-      "per_device_batch_size=2",
-      "max_target_length=32",
-      f"base_output_directory={fx / 'runs'}",
-      "run_name=other",
-    ],
+    [sys.executable, *train, "steps=3", "checkpoint_period=1", "quantization=te_nvfp4", "run_name=ft"],
+    [sys.executable, *train, "steps=1", "base_mlp_dim=96", "load_parameters_path=", "run_name=other"],
     module("decode", fx / "imp" / "config.yml", *DECODE, f"decode_output_file={fx / 'greedy.jsonl'}"),
   ]
   for argv in steps:
-    proc = run([str(a) for a in argv])
-    if proc.returncode != 0:
-      sys.exit(f"fixture step failed: {' '.join(map(str, argv))}\n{proc.stderr[-3000:]}")
-  make_big_llama(fx / "big_hf")
-  proc = run(module("convert_hf", "to-maxtext", fx / "big_hf", fx / "big_imp"))
-  if proc.returncode != 0:
-    sys.exit(f"fixture step failed: big import\n{proc.stderr[-3000:]}")
-  (fx / "done").write_text("")
+    proc = harness.run(argv)
+    assert proc.returncode == 0, f"fixture step failed: {' '.join(map(str, argv))}\n{proc.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def fx(tmp_path_factory, worker_id):
+  """The fixtures' directory, made by the first worker that gets here (the others wait on its lock)."""
+  root = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+  fx = root / "hostile_fixtures"
+  with open(root / "hostile_fixtures.lock", "w", encoding="utf-8") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (fx / "done").exists():
+      shutil.rmtree(fx, ignore_errors=True)
+      _build_fixtures(fx)
+      (fx / "done").write_text("")
   return fx
 
 
@@ -167,14 +71,13 @@ def build_fixtures(work):
 @dataclasses.dataclass
 class Case:
   name: str
-  cls: str  # the issue's class it probes (1-11), or "new"
   argv: typing.Callable  # (fx, d) -> argv
   expect: str = "error"  # error | ok | stopped
   needle: str = ""  # in the error line (error, stopped) or in stdout (ok)
   setup: typing.Callable = None  # (fx, d) -> None
   check: typing.Callable = None  # (fx, d, proc) -> failure text or None
   fsize: int = 0  # RLIMIT_FSIZE for the process
-  stop: int = 0  # signal sent once the partial output holds a few MB
+  stop: int = 0  # the signal the process sends itself when it has written its first block (MAXTEXT_SIGNAL_AT)
   no_dac: bool = False  # run without CAP_DAC_OVERRIDE
   mount: str = ""  # at d/mnt: "full" (a 200 KB tmpfs), "filled" (one already full) or "ro" (a read-only one)
   out: str = "out"  # the output that must not exist after a failure ("" for none)
@@ -335,118 +238,99 @@ def cases():
     # to-maxtext
     Case(
       "import: relative paths",
-      "1",
       lambda fx, d: module("convert_hf", "to-maxtext", "hf", "out"),
       "ok",
       "imported",
       _copy_hf,
       _import_is_absolute,
     ),
-    Case(
-      "import: rms_norm_eps null", "5", to_maxtext(), needle="rms_norm_eps=null", setup=_edit_config(rms_norm_eps=None)
-    ),
+    Case("import: rms_norm_eps null", to_maxtext(), needle="rms_norm_eps=null", setup=_edit_config(rms_norm_eps=None)),
     Case(
       "import: rope_theta '10k'",
-      "5",
       to_maxtext(),
       needle='rope_theta="10k"',
       setup=_edit_config(rope_parameters=KeyError, rope_theta="10k"),
     ),
     Case(
       "import: num_attention_heads 0",
-      "5",
       to_maxtext(),
       needle="num_attention_heads=0",
       setup=_edit_config(num_attention_heads=0),
     ),
     Case(
       "import: rope_parameters 'llama3'",
-      "5",
       to_maxtext(),
       needle='rope_parameters="llama3"',
       setup=_edit_config(rope_parameters="llama3"),
     ),
     Case(
       "import: rope_scaling [1, 2]",
-      "5",
       to_maxtext(),
       needle="rope_scaling=[1, 2]",
       setup=_edit_config(rope_parameters=KeyError, rope_scaling=[1, 2]),
     ),
     Case(
       "import: max_position_embeddings null",
-      "5",
       to_maxtext(),
       needle="max_position_embeddings=null",
       setup=_edit_config(max_position_embeddings=None),
     ),
     Case(
       "import: max_position_embeddings 0",
-      "6",
       to_maxtext(),
       needle="max_position_embeddings=0",
       setup=_edit_config(max_position_embeddings=0),
     ),
-    Case(
-      "import: hidden_size '64'", "5", to_maxtext(), needle='hidden_size="64"', setup=_edit_config(hidden_size="64")
-    ),
+    Case("import: hidden_size '64'", to_maxtext(), needle='hidden_size="64"', setup=_edit_config(hidden_size="64")),
     Case(
       "import: 3 kv heads for 4 heads",
-      "5",
       to_maxtext(),
       needle="not a multiple of num_key_value_heads=3",
       setup=_edit_config(num_key_value_heads=3),
     ),
     Case(
       "import: tie_word_embeddings 'false'",
-      "5",
       to_maxtext(),
       needle="tie_word_embeddings",
       setup=_edit_config(tie_word_embeddings="false"),
     ),
-    Case("import: vocab_size -5", "5", to_maxtext(), needle="vocab_size=-5", setup=_edit_config(vocab_size=-5)),
-    Case("import: head_dim 0", "5", to_maxtext(), needle="head_dim=0", setup=_edit_config(head_dim=0)),
+    Case("import: vocab_size -5", to_maxtext(), needle="vocab_size=-5", setup=_edit_config(vocab_size=-5)),
+    Case("import: head_dim 0", to_maxtext(), needle="head_dim=0", setup=_edit_config(head_dim=0)),
     Case(
       "import: rope factor '8'",
-      "5",
       to_maxtext(),
       needle='factor="8"',
       setup=_edit_config(
         rope_parameters={**json.loads((HF_TINY / "config.json").read_text())["rope_parameters"], "factor": "8"}
       ),
     ),
-    Case("import: header dtype a list", "5", to_maxtext(), needle="dtype", setup=_header_dtype_list),
+    Case("import: header dtype a list", to_maxtext(), needle="dtype", setup=_header_dtype_list),
     Case(
       "import: weight_map value a number",
-      "5",
       to_maxtext(),
       needle="weight_map",
       setup=_edit_index(lambda m: m.update({next(iter(m)): 2})),
     ),
     Case(
       "import: weight_map value '../x'",
-      "5",
       to_maxtext(),
       needle="weight_map",
       setup=_edit_index(lambda m: m.update({next(iter(m)): "../model.safetensors"})),
     ),
     Case(
       "import: output name of 300 bytes",
-      "7",
       lambda fx, d: module("convert_hf", "to-maxtext", HF_TINY, _long_name(d)),
       needle="File name too long",
       out="",
     ),
     Case(
       "import: output under a file",
-      "new",
       lambda fx, d: module("convert_hf", "to-maxtext", HF_TINY, d / "f" / "o"),
       needle="can't be made",
       setup=lambda fx, d: (d / "f").write_text("a file"),
     ),
     Case(
       "import: output in a directory not writable",
-      "2",
       lambda fx, d: module("convert_hf", "to-maxtext", HF_TINY, d / "ro" / "out"),
       needle="not a writable directory",
       setup=_read_only_dir,
@@ -455,14 +339,12 @@ def cases():
     ),
     Case(
       "import: file-size limit",
-      "2",
       lambda fx, d: module("convert_hf", "to-maxtext", HF_TINY, d / "out"),
       needle="File too large",
       fsize=20_000,
     ),
     Case(
       "import: full disk",
-      "2",
       lambda fx, d: module("convert_hf", "to-maxtext", HF_TINY, d / "mnt" / "out"),
       needle="No space left on device",
       mount="full",
@@ -470,7 +352,6 @@ def cases():
     ),
     Case(
       "import: read-only filesystem",
-      "2",
       lambda fx, d: module("convert_hf", "to-maxtext", HF_TINY, d / "mnt" / "out"),
       needle="mnt",
       mount="ro",
@@ -478,23 +359,20 @@ def cases():
     ),
     Case(
       "import: SIGTERM mid-write",
-      "4",
-      lambda fx, d: module("convert_hf", "to-maxtext", fx / "big_hf", d / "out"),
+      lambda fx, d: module("convert_hf", "to-maxtext", HF_TINY, d / "out"),
       "stopped",
       "SIGTERM",
       stop=signal.SIGTERM,
     ),
     Case(
       "import: SIGINT mid-write",
-      "4",
-      lambda fx, d: module("convert_hf", "to-maxtext", fx / "big_hf", d / "out"),
+      lambda fx, d: module("convert_hf", "to-maxtext", HF_TINY, d / "out"),
       "stopped",
       "SIGINT",
       stop=signal.SIGINT,
     ),
     Case(
       "import: a killed import's partial output",
-      "4",
       lambda fx, d: module("convert_hf", "to-maxtext", HF_TINY, d / "out"),
       "ok",
       "partial output of a conversion that was killed",
@@ -503,7 +381,6 @@ def cases():
     ),
     Case(
       "import: output exists",
-      "new",
       lambda fx, d: module("convert_hf", "to-maxtext", HF_TINY, d / "out"),
       needle="exists and is not empty",
       setup=_existing_output,
@@ -511,14 +388,12 @@ def cases():
     ),
     Case(
       "import: no such HF dir",
-      "new",
       lambda fx, d: module("convert_hf", "to-maxtext", d / "nope", d / "out"),
       needle="no such directory",
     ),
     # to-hf
     Case(
       "export: relative run dir",
-      "1",
       lambda fx, d: module("convert_hf", "to-hf", "run", "out"),
       "ok",
       "exported",
@@ -527,7 +402,6 @@ def cases():
     ),
     Case(
       "export --nvfp4: relative run dir",
-      "1",
       lambda fx, d: module("convert_hf", "to-hf", "run", "out", "--nvfp4", "--calibration-batches", "2"),
       "ok",
       "exported",
@@ -536,7 +410,6 @@ def cases():
     ),
     Case(
       "export: relative config and run",
-      "1",
       lambda fx, d: module(
         "convert_hf", "to-hf", os.path.relpath(imp(fx), d), "out", "run_name=ft", "base_output_directory=runs"
       ),
@@ -547,7 +420,6 @@ def cases():
     ),
     Case(
       "export: newest step truncated",
-      "3",
       ft_to_hf(),
       "ok",
       "checkpoints/3 is unreadable",
@@ -556,7 +428,6 @@ def cases():
     ),
     Case(
       "export: newest step's data file truncated",
-      "3",
       ft_to_hf(),
       "ok",
       "checkpoints/3 is unreadable",
@@ -565,7 +436,6 @@ def cases():
     ),
     Case(
       "export --nvfp4: newest step truncated",
-      "3",
       ft_to_hf("--nvfp4", "--calibration-batches", "1"),
       "ok",
       "checkpoints/3 is unreadable",
@@ -574,7 +444,6 @@ def cases():
     ),
     Case(
       "export: junk empty checkpoints/9/state",
-      "11",
       ft_to_hf(),
       "ok",
       "checkpoints/9 is unreadable",
@@ -583,31 +452,27 @@ def cases():
     ),
     Case(
       "export: every step damaged",
-      "3",
       ft_to_hf(),
       needle="no readable checkpoint",
       setup=_damaged_run(_truncate_all(1), _truncate_all(2), _truncate_all(3)),
     ),
-    Case("export: --max-shard-size 0", "10", fx_to_hf("--max-shard-size", "0"), needle="--max-shard-size"),
-    Case("export: --max-shard-size -1", "10", fx_to_hf("--max-shard-size", "-1"), needle="--max-shard-size"),
-    Case("export: --max-shard-size 5GB", "10", fx_to_hf("--max-shard-size", "5GB"), needle="--max-shard-size"),
+    Case("export: --max-shard-size 0", fx_to_hf("--max-shard-size", "0"), needle="--max-shard-size"),
+    Case("export: --max-shard-size -1", fx_to_hf("--max-shard-size", "-1"), needle="--max-shard-size"),
+    Case("export: --max-shard-size 5GB", fx_to_hf("--max-shard-size", "5GB"), needle="--max-shard-size"),
     Case(
       "export --nvfp4: --calibration-batches 0",
-      "10",
       fx_to_hf("--nvfp4", "--calibration-batches", "0"),
       needle="--calibration-batches",
     ),
-    Case("export: file-size limit", "2", fx_to_hf(), needle="File too large", fsize=100_000),
+    Case("export: file-size limit", fx_to_hf(), needle="File too large", fsize=100_000),
     Case(
       "export --nvfp4: file-size limit",
-      "2",
       fx_to_hf("--nvfp4", "--calibration-batches", "1"),
       needle="File too large",
       fsize=100_000,
     ),
     Case(
       "export: full disk",
-      "2",
       lambda fx, d: module("convert_hf", "to-hf", fx / "runs" / "ft", d / "mnt" / "o"),
       needle="No space left on device",
       mount="full",
@@ -615,58 +480,49 @@ def cases():
     ),
     Case(
       "export: output name of 300 bytes",
-      "7",
       lambda fx, d: module("convert_hf", "to-hf", fx / "runs" / "ft", _long_name(d)),
       needle="File name too long",
       out="",
     ),
     Case(
       "export: output in a directory not writable",
-      "2",
       lambda fx, d: module("convert_hf", "to-hf", fx / "runs" / "ft", d / "ro" / "out"),
       needle="not a writable directory",
       setup=_read_only_dir,
       no_dac=True,
       out="ro/out",
     ),
-    Case("export: output exists", "new", fx_to_hf(), needle="exists and is not empty", setup=_existing_output, out=""),
+    Case("export: output exists", fx_to_hf(), needle="exists and is not empty", setup=_existing_output, out=""),
     Case(
       "export: SIGTERM mid-write",
-      "4",
-      lambda fx, d: module("convert_hf", "to-hf", fx / "big_imp", d / "out", "--dtype", "float32"),
+      lambda fx, d: module("convert_hf", "to-hf", fx / "imp", d / "out", "--dtype", "float32"),
       "stopped",
       "SIGTERM",
       stop=signal.SIGTERM,
     ),
     Case(
       "export: SIGINT mid-write",
-      "4",
-      lambda fx, d: module("convert_hf", "to-hf", fx / "big_imp", d / "out", "--dtype", "float32"),
+      lambda fx, d: module("convert_hf", "to-hf", fx / "imp", d / "out", "--dtype", "float32"),
       "stopped",
       "SIGINT",
       stop=signal.SIGINT,
     ),
     Case(
       "export: a killed export's partial output",
-      "4",
       fx_to_hf(),
       "ok",
       "partial output of a conversion that was killed",
       _stale_partial,
       _stale_gone,
     ),
-    Case(
-      "export: no such source", "new", lambda fx, d: module("convert_hf", "to-hf", d / "nope", d / "out"), needle="nope"
-    ),
+    Case("export: no such source", lambda fx, d: module("convert_hf", "to-hf", d / "nope", d / "out"), needle="nope"),
     Case(
       "export --nvfp4: a bf16 import",
-      "new",
       lambda fx, d: module("convert_hf", "to-hf", fx / "imp", d / "out", "--nvfp4"),
       needle="NVFP4",
     ),
     Case(
       "export: an unfinished (orbax tmp) step",
-      "8",
       lambda fx, d: module(
         "convert_hf",
         "to-hf",
@@ -681,7 +537,6 @@ def cases():
     # decode
     Case(
       "decode: prompts_file a directory",
-      "8",
       lambda fx, d: module("decode", imp(fx), *DECODE, f"prompts_file={d}"),
       needle="prompts_file",
       out="",
@@ -689,7 +544,6 @@ def cases():
     *[
       Case(
         f"decode: another model's checkpoint ({i})",
-        "8",
         lambda fx, d: module("decode", imp(fx), *DECODE, f"load_parameters_path={fx}/runs/other/checkpoints/1"),
         needle="in this config",
         out="",
@@ -698,7 +552,6 @@ def cases():
     ],
     Case(
       "decode: damaged checkpoint named",
-      "8",
       lambda fx, d: module("decode", imp(fx), *DECODE, q, f"load_parameters_path={d}/run/checkpoints/3"),
       needle="point at another step of its run",
       setup=_damaged_run(_truncate_data(3)),
@@ -706,7 +559,6 @@ def cases():
     ),
     Case(
       "decode: an unfinished (orbax tmp) step",
-      "8",
       lambda fx, d: module(
         "decode", imp(fx), *DECODE, q, f"load_parameters_path={d}/run/checkpoints/4.orbax-checkpoint-tmp-1732512345"
       ),
@@ -716,7 +568,6 @@ def cases():
     ),
     Case(
       "decode: junk empty step named",
-      "11",
       lambda fx, d: module("decode", imp(fx), *DECODE, q, f"load_parameters_path={d}/run/checkpoints/9"),
       needle="checkpoints/9 is unreadable",
       setup=_damaged_run(_junk_step),
@@ -724,7 +575,6 @@ def cases():
     ),
     Case(
       "decode: run's newest step damaged",
-      "3",
       lambda fx, d: module(
         "decode", imp(fx), *DECODE, q, "load_parameters_path=", "run_name=run", f"base_output_directory={d}"
       ),
@@ -735,7 +585,6 @@ def cases():
     ),
     Case(
       "decode: run's every step damaged",
-      "3",
       lambda fx, d: module(
         "decode", imp(fx), *DECODE, q, "load_parameters_path=", "run_name=run", f"base_output_directory={d}"
       ),
@@ -745,7 +594,6 @@ def cases():
     ),
     Case(
       "decode: weighted at temperature 1e-40",
-      "9",
       lambda fx, d: module(
         "decode",
         imp(fx),
@@ -761,7 +609,6 @@ def cases():
     ),
     Case(
       "decode: topk at temperature 1e-30",
-      "9",
       lambda fx, d: module(
         "decode",
         imp(fx),
@@ -778,14 +625,12 @@ def cases():
     ),
     Case(
       "decode: temperature 0",
-      "9",
       decode("decode_sampling_strategy=weighted", "decode_sampling_temperature=0"),
       needle="decode_sampling_temperature=0.0",
       out="",
     ),
     Case(
       "decode: relative load_parameters_path",
-      "1",
       lambda fx, d: module("decode", imp(fx), *DECODE, q, "load_parameters_path=run/checkpoints/2"),
       "ok",
       "Input `ROMEO.`",
@@ -794,28 +639,24 @@ def cases():
     ),
     Case(
       "decode: decode_output_file in a missing directory",
-      "new",
       lambda fx, d: module("decode", imp(fx), *DECODE, f"decode_output_file={d}/no/such/o.jsonl"),
       needle="decode_output_file",
       out="no",
     ),
     Case(
       "decode: decode_output_file a directory",
-      "new",
       lambda fx, d: module("decode", imp(fx), *DECODE, f"decode_output_file={d}"),
       needle="decode_output_file",
       out="",
     ),
     Case(
       "decode: decode_output_file name of 300 bytes",
-      "7",
       lambda fx, d: module("decode", imp(fx), *DECODE, f"decode_output_file={_long_name(d)}"),
       needle="File name too long",
       out="",
     ),
     Case(
       "decode: decode_output_file on a full disk",
-      "2",
       lambda fx, d: module("decode", imp(fx), *DECODE, f"decode_output_file={d}/mnt/o.jsonl"),
       needle="No space left on device",
       mount="filled",
@@ -823,7 +664,6 @@ def cases():
     ),
     Case(
       "decode: prompts_file not UTF-8",
-      "new",
       lambda fx, d: module("decode", imp(fx), *DECODE, f"prompts_file={d}/p.txt"),
       needle="not UTF-8",
       setup=lambda fx, d: (d / "p.txt").write_bytes(b"\xff\xfe"),
@@ -831,7 +671,6 @@ def cases():
     ),
     Case(
       "decode: prompts_file unreadable",
-      "8",
       lambda fx, d: module("decode", imp(fx), *DECODE, f"prompts_file={d}/p.txt"),
       needle="Permission denied",
       no_dac=True,
@@ -854,80 +693,25 @@ def _tree_digest(path):
   return h.hexdigest()
 
 
-def _limits(fsize=0):
-  def apply():
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # as from a terminal (a background job of a shell ignores it)
-    if fsize:
-      signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails (EFBIG) instead of the process dying
-      resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-
-  return apply
-
-
-@contextlib.contextmanager
-def _mounted(kind, where):
-  if not kind:
-    yield True
-    return
-  where.mkdir()
-  options = "size=200k,ro" if kind == "ro" else "size=200k"
-  ok = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True).returncode == 0
-  if ok and kind == "filled":  # no byte left
-    with contextlib.suppress(OSError), open(where / "filler", "wb") as f:
-      while True:
-        f.write(b"x" * 4096)
-        f.flush()
-  try:
-    yield ok
-  finally:
-    if ok:
-      subprocess.run(["umount", str(where)], capture_output=True, check=False)
-
-
-def _partial_bytes(out):
-  """The bytes in `out`'s partial outputs so far (0 where they change under the walk)."""
-  try:
-    return sum(f.stat().st_size for p in out.parent.glob(f".{out.name}.partial-*") for f in p.rglob("*") if f.is_file())
-  except OSError:
-    return 0
-
-
-def _run_with_signal(argv, cwd, signum, watch):
-  """Runs `argv`, sending `signum` once a partial output beside `watch` holds 4 MB or more."""
-  proc = subprocess.Popen(
-    argv, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_limits()
-  )
-  sent, deadline = False, time.time() + 300
-  while proc.poll() is None and time.time() < deadline:
-    if not sent and _partial_bytes(watch) >= 4 << 20:
-      proc.send_signal(signum)
-      sent = True
-    time.sleep(0.02)
-  out, err = proc.communicate(timeout=300)
-  return subprocess.CompletedProcess(argv, proc.returncode, out, err), sent
-
-
 def judge(case, fx, d, proc, protected):
   """None if the case is clear, else why not."""
-  text = proc.stdout + proc.stderr
-  # A logged warning is not the error (on a CPU, te_nvfp4 says it runs emulated NVFP4): not counted.
-  lines = [l for l in proc.stderr.splitlines() if l.strip() and not l.startswith("WARNING:")]
-  if "Traceback" in text:
-    return f"a traceback (exit {proc.returncode})"
+  lines = harness.stderr_lines(proc)
+  if "Traceback" in proc.stdout + proc.stderr:
+    return f"a traceback (exit {proc.returncode}): {lines[-3:]}"
   if case.expect == "error":
     if proc.returncode != 2:
       return f"exit {proc.returncode}, not 2"
     if len(lines) != 1 or not lines[0].startswith("error: "):
       return f"{len(lines)} stderr lines: {lines[:2]}"
     if case.needle not in lines[0]:
-      return f"vague: {case.needle!r} not in the line"
+      return f"vague: {case.needle!r} not in the line {lines[0]!r}"
   elif case.expect == "stopped":
     if proc.returncode != 128 + case.stop:
       return f"exit {proc.returncode}, not {128 + case.stop}"
     if len(lines) != 1:
       return f"stderr: {lines[:2]}"
     if case.needle not in lines[0]:
-      return f"vague: {case.needle!r} not in the line"
+      return f"vague: {case.needle!r} not in the line {lines[0]!r}"
   else:
     if proc.returncode != 0:
       return f"exit {proc.returncode}: {lines[-1:] if lines else ''}"
@@ -947,66 +731,20 @@ def judge(case, fx, d, proc, protected):
   return None
 
 
-def run_case(case, fx, d):
-  """(status, detail): status clear | NOT CLEAR | skipped."""
-  d.mkdir(parents=True)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in cases()])
+def test_case_is_clear(case, fx, tmp_path):
+  d = tmp_path / "case"
+  d.mkdir()
   if case.setup is not None:
     case.setup(fx, d)
-  if case.no_dac and not SETPRIV:
-    return "skipped", "no setpriv here"
   protected = _tree_digest(d / "out") if (d / "out").is_dir() else None
-  with _mounted(case.mount, d / "mnt") as mounted:
-    if not mounted:
-      return "skipped", "no right to mount a tmpfs here"
-    argv = [str(a) for a in case.argv(fx, d)]
-    argv = NO_DAC + argv if case.no_dac else argv
-    if case.stop:
-      proc, sent = _run_with_signal(argv, d, case.stop, d / "out")
-      if not sent:
-        return "skipped", "finished before the signal could be sent"
-    else:
-      proc = subprocess.run(
-        argv, cwd=d, env=env(), capture_output=True, text=True, check=False, preexec_fn=_limits(case.fsize), timeout=600
-      )
+  environ = {"MAXTEXT_SIGNAL_AT": f"write:{signal.Signals(case.stop).name}"} if case.stop else {}
+  argv = case.argv(fx, d)
+  if case.mount:
+    with harness.mounted(case.mount, d / "mnt"):
+      proc = harness.run(argv, d, fsize=case.fsize, no_dac=case.no_dac, **environ)
+      why = judge(case, fx, d, proc, protected)
+  else:
+    proc = harness.run(argv, d, fsize=case.fsize, no_dac=case.no_dac, **environ)
     why = judge(case, fx, d, proc, protected)
-  line = next((l for l in reversed(proc.stderr.splitlines()) if l.strip()), "")
-  shown = line if case.expect != "ok" else next((l for l in proc.stdout.splitlines() if case.needle in l), line)
-  if why is None:
-    return "clear", shown
-  return ("vague" if why.startswith("vague: ") else "NOT CLEAR"), f"{why} | {line[:200]}"
-
-
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--work", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "maxtext_hostile")
-  parser.add_argument("--only", default="", help="run the cases whose name holds this")
-  parser.add_argument("--list", action="store_true", help="list the cases and exit")
-  parser.add_argument("--repo", type=pathlib.Path, default=REPO, help="the checkout to run (default: this one)")
-  args = parser.parse_args(argv)
-  CODE["repo"] = args.repo.absolute()
-  chosen = [c for c in cases() if args.only in c.name]
-  if args.list:
-    for c in chosen:
-      print(f"[{c.cls:>3}] {c.name}")
-    return 0
-  work = args.work.absolute()
-  fx = build_fixtures(work)
-  counts = {"clear": 0, "vague": 0, "NOT CLEAR": 0, "skipped": 0}
-  for i, case in enumerate(chosen):
-    d = work / "cases" / f"{i:02d}"
-    shutil.rmtree(d, ignore_errors=True)
-    start = time.time()
-    status, detail = run_case(case, fx, d)
-    counts[status] += 1
-    print(f"{status:9} [{case.cls:>3}] {case.name:48} {time.time() - start:5.1f}s  {detail[:230]}", flush=True)
-    if status == "clear":
-      shutil.rmtree(d, ignore_errors=True)
-  print(
-    f"\n{len(chosen)} cases: {counts['clear']} clear, {counts['vague']} vague (one line, exit 2, but not naming what "
-    f"the case is about), {counts['NOT CLEAR']} not clear, {counts['skipped']} skipped"
-  )
-  return 1 if counts["NOT CLEAR"] or counts["vague"] else 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())
+  assert why is None, why
