@@ -55,9 +55,9 @@ def _read(name):
 
 
 def _categories(profile_categories):
-  """{gemm, elementwise, attention} ms from a profile's categories: GEMMs of every dtype, attention, and the rest
-  (quantization/elementwise, copy/transpose, other: the Pallas quantizers) as elementwise, what the roofline's
-  memory-bound kernels are."""
+  """{gemm, elementwise, attention} ms from a profile's categories: GEMMs of every kind, attention, and the rest as
+  elementwise (the H100's profiles of 2026-11-27 named them quantization/elementwise, copy/transpose and other --
+  the Pallas quantizers --, as the profiler did before it took aot.hlo's categories)."""
   out = dict.fromkeys(CATEGORIES, 0.0)
   for c in profile_categories:
     name, ms = c["category"], c["ms_per_step"]

@@ -78,7 +78,8 @@ def _dims(config, key):
   return [int(d) for d in config.get(key, [])]
 
 
-def _gemm_kind(dtypes):
+def gemm_kind(dtypes):
+  """A library GEMM's kind from its operands' element types: fp8, f32, else bf16."""
   a = dtypes[0] if dtypes else ""
   if a.startswith("f8"):
     return "fp8"
@@ -127,7 +128,7 @@ def _library_gemm(module, instr):
     contracting = contracting or [len(operands[0][0].dims) - 1]  # [batch, M, K] x [batch, N, K]
     kind = _block_scaled_kind(dtypes)
   else:
-    kind = "fp8" if target.endswith("$f8") else _gemm_kind(dtypes)
+    kind = "fp8" if target.endswith("$f8") else gemm_kind(dtypes)
   flops = _dot_flops(instr.shapes[0], operands[0][0], contracting) if operands and operands[0] else 0.0
   return kind, flops, dtypes
 
@@ -170,7 +171,7 @@ def _integer(dtypes):
 
 
 def _library_kind(target):
-  """'gemm', 'attention', 'block_scaled' or '' for a custom call target."""
+  """'gemm', 'attention', 'block_scaled', 'host_gemm' or '' for a custom call target."""
   t = target.lower()
   if target == "__cudnn$blockScaledDot":
     return "block_scaled"
@@ -178,6 +179,8 @@ def _library_kind(target):
     return "attention"
   if target.startswith("__cublas") or (_is_te(target) and "gemm" in t):
     return "gemm"
+  if t.startswith("__onednn$") and "matmul" in t:
+    return "host_gemm"
   return ""
 
 
@@ -267,7 +270,7 @@ def _viewed_names(module, computation, param):
 def classify(module, instr):
   """(category, kind, flops per run, operand dtypes) of one launched instruction, or None for one that launches
   nothing (views, tuples, control flow)."""
-  opcode, target = instr.opcode, instr.target
+  opcode = instr.opcode
   if opcode in _FREE:
     return None
   if collective_opcode(instr):
@@ -275,41 +278,59 @@ def classify(module, instr):
   if opcode == "async-start":
     return None  # its wrapped computation runs the work: visited as an executed computation
   if opcode == "custom-call":
-    library = _library_kind(target)
-    if library == "attention":
-      return "attention", "cudnn" if target.startswith("__cudnn") else "other", attention_work(module, instr)[0], ()
-    if library in ("gemm", "block_scaled"):
-      if _is_te(target):
-        return ("gemm", "te", *_te_gemm(module, instr))
-      kind, flops, dtypes = _library_gemm(module, instr)
-      return "gemm", kind, flops, dtypes
-    if target == "__gpu$xla.gpu.triton":
-      return "elementwise", "pallas", 0.0, ()
-    if _is_te(target):
-      return "elementwise", "te_kernel", 0.0, ()
-    return "elementwise", "custom-call", 0.0, ()
+    return _custom_call(module, instr)
   if opcode in ("dot", "scaled-dot", "convolution"):
     flops, dtypes = _hlo_dot(module, instr)
     return ("elementwise", "integer_dot", flops, dtypes) if _integer(dtypes) else ("gemm", "naive_loop", flops, dtypes)
   if opcode == "fusion":
-    body = instr.called("calls")
-    dot = _first_dot(module, body)
-    if target.startswith("__cudnn$fusion") and dot is not None:
-      flops, dtypes = _hlo_dot(module, dot)
-      kind = _block_scaled_kind(dtypes) if dot.opcode == "scaled-dot" else _gemm_kind(dtypes)
-      return "gemm", kind, flops, dtypes
-    if "gemm" in target or target == "__triton_scaled_dot_fusion":
-      flops, dtypes = _hlo_dot(module, dot) if dot is not None else (0.0, ())
-      return "gemm", "triton", flops, dtypes
-    if dot is not None:
-      flops, dtypes = _hlo_dot(module, dot)
-      if _integer(dtypes):  # index arithmetic (TE's, e.g.), not a GEMM of the model
-        return "elementwise", "integer_dot", flops, dtypes
-      return "gemm", "naive_loop", flops, dtypes
-    return "elementwise", "fusion", 0.0, ()
+    return _fusion(module, instr)
   if opcode in ("copy", "copy-start", "transpose"):
     return "elementwise", "copy", 0.0, ()
   return "elementwise", opcode, 0.0, ()
+
+
+def _custom_call(module, instr):
+  """classify's answer for a custom call: a library GEMM or attention, a Pallas or Transformer Engine kernel."""
+  target = instr.target
+  library = _library_kind(target)
+  if library == "attention":
+    return "attention", "cudnn" if target.startswith("__cudnn") else "other", attention_work(module, instr)[0], ()
+  if library in ("gemm", "block_scaled"):
+    if _is_te(target):
+      return ("gemm", "te", *_te_gemm(module, instr))
+    kind, flops, dtypes = _library_gemm(module, instr)
+    return "gemm", kind, flops, dtypes
+  if library == "host_gemm":  # a CPU library's matmul (oneDNN): a GEMM on its operands' type
+    dtypes = tuple(o[0].dtype for o in module.operand_arrays(instr)[:2] if o)
+    return "gemm", gemm_kind(dtypes), 0.0, dtypes
+  if target == "__gpu$xla.gpu.triton":
+    return "elementwise", "pallas", 0.0, ()
+  if _is_te(target):
+    return "elementwise", "te_kernel", 0.0, ()
+  return "elementwise", "custom-call", 0.0, ()
+
+
+def _fusion(module, instr):
+  """classify's answer for a fusion: a library or Triton GEMM around a dot, XLA's loop for a dot left in an
+  ordinary fusion, a copy (only views, copies and transposes), else an elementwise kernel."""
+  target, body = instr.target, instr.called("calls")
+  dot = _first_dot(module, body)
+  if target.startswith("__cudnn$fusion") and dot is not None:
+    flops, dtypes = _hlo_dot(module, dot)
+    kind = _block_scaled_kind(dtypes) if dot.opcode == "scaled-dot" else gemm_kind(dtypes)
+    return "gemm", kind, flops, dtypes
+  if "gemm" in target or target == "__triton_scaled_dot_fusion":
+    flops, dtypes = _hlo_dot(module, dot) if dot is not None else (0.0, ())
+    return "gemm", "triton", flops, dtypes
+  if dot is not None:
+    flops, dtypes = _hlo_dot(module, dot)
+    if _integer(dtypes):  # index arithmetic (TE's, e.g.), not a GEMM of the model
+      return "elementwise", "integer_dot", flops, dtypes
+    return "gemm", "naive_loop", flops, dtypes
+  ops = {i.opcode for i in module.computations.get(body, [])}
+  if ops and ops <= {"parameter", "copy", "transpose", "bitcast", "reshape", "tuple"}:
+    return "elementwise", "copy", 0.0, ()
+  return "elementwise", "fusion", 0.0, ()
 
 
 def kernels(module, num_devices=1, devices_per_domain=None) -> list:
