@@ -2,15 +2,18 @@
 (benchmarks/results/h100-2026-11-27/): each measured configuration compiled for h100-1 (deviceless, on any machine),
 the achievable shares fitted once, then every measured row beside its compiled estimate.
 
-    scripts/te/python.sh benchmarks/roofline_calibration.py [--fit-only] [--json out.json]
+    scripts/te/python.sh benchmarks/roofline_calibration.py [--quantizers-only] [--json out.json]
 
 (jax's CUDA plugin needed: .venv-te from `make te`.) The fit: HBM share from the 8B-layer bf16 step's elementwise
-time (its kernels' bytes over that time), then the GEMM share from its GEMM time, then attention's two constants (its
-FLOP share and a cost per attention score) from the 8B-layer (head dim 128) and 1B-like (head dim 64) bf16 steps'
-attention times. Everything else is a check: the 8B-layer step's total (296.5 ms measured), remat_policy=full, the
-quantized rows, the 1B-like rows (GEMM and elementwise from the 8B fit alone), and cuDNN attention alone
-(attention bench). It prints the fitted constants and whether roofline.DEFAULT holds them, and each row's step
-memory as the H100 measured it (XLA's analysis of the executable it ran) beside the compiled figure.
+time (its kernels' bytes over that time, each kernel the longer of its bytes and its instructions), then the GEMM
+share from its GEMM time, then attention's two constants (its FLOP share and a cost per attention score) from the
+8B-layer (head dim 128) and 1B-like (head dim 64) bf16 steps' attention times. Everything else is a check, never
+fitted on: every quantizer the quantize part timed (each compiled as the bench ran it, every kernel costed by the
+one kernel model: bytes, or the instructions its PTX shows at the published per-pipe rates, aot/instructions.py),
+the 8B-layer step's total (296.5 ms measured), remat_policy=full, the quantized rows, the 1B-like rows (GEMM and
+elementwise from the 8B fit alone), and cuDNN attention alone (attention part). It prints the fitted constants and
+whether roofline.DEFAULT holds them, and each row's step memory as the H100 measured it (XLA's analysis of the
+executable it ran) beside the compiled figure.
 """
 
 import argparse
@@ -27,7 +30,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from MaxText import config  # noqa: E402
-from MaxText.aot import devices as aot_devices, hlo, roofline, targets  # noqa: E402
+from MaxText.aot import devices as aot_devices, dump, hlo, roofline, targets  # noqa: E402
 from MaxText.trainer import aot_step  # noqa: E402
 
 MEASURED = REPO / "benchmarks" / "results" / "h100-2026-11-27"
@@ -176,85 +179,53 @@ def fit(k8, m8, k1, m1, gpu):
   )
 
 
-QUANTIZE_ELEMENTS = 8192 * 16384  # the quantize part's operand ([8192, 16384])
-# Each measured Pallas quantizer ([pallas] rows of quantize_quantize.json): (its amax kernel or None, its quantize
-# kernel, bytes per element of its input). Kernel names as pallas_quantize.py gives them.
-QUANTIZER_KERNELS = {
-  "nvfp4 1x16 (x)": ("quantize_amax", "quantize_nvfp4", 2),
-  "nvfp4 1x16 SR (dy)": ("quantize_amax", "quantize_nvfp4_sr", 2),
-  "nvfp4 16x16 (w, f32)": ("quantize_amax", "quantize_nvfp4_16x16", 4),
-  "nvfp4 RHT (x_t)": ("quantize_amax_rht", "quantize_nvfp4_rht", 2),
-  "nvfp4 RHT+SR (dy_t)": ("quantize_amax_rht", "quantize_nvfp4_rht_sr", 2),
-  "fp8 current (x)": ("quantize_amax", "quantize_fp8_e4m3", 2),
-  "mxfp8 (x)": (None, "quantize_mx_e4m3", 2),
-  "mxfp4 (x)": (None, "quantize_mx_e2m1", 2),
-}
-FOUR_OVER_SIX = " + 4/6"  # quantize_bench's rows with Four Over Six (mse) on every operand
-SAME_WORK = {  # kernels the bench didn't time, costed as the one that does the same work
-  "quantize_fp8_e5m2": "quantize_fp8_e4m3",
-  **{
-    f"{name}_4over6_mae": f"{name}_4over6_mse"
-    for name in (
-      "quantize_nvfp4",
-      "quantize_nvfp4_sr",
-      "quantize_nvfp4_16x16",
-      "quantize_nvfp4_rht",
-      "quantize_nvfp4_rht_sr",
-    )
-  },
-}
+QUANTIZE_SHAPE = (8192, 16384)  # the quantize part's operand
 
 
-def fit_quantizers(times_ms, gpu, calibration):
-  """{kernel: ns per element} from the H100's per-quantizer times ({bench row: ms}). A quantizer is an amax kernel
-  (max |x|: memory-bound, its bytes' time) then its quantize kernel, whose time is the rest; the RHT's butterfly,
-  which both kernels of an RHT quantizer run, costs each half of what the RHT quantizer takes beyond the plain one
-  (the only split the totals allow). The 4/6 rows' kernels follow the same way."""
-  bandwidth = gpu.memory_bandwidth * calibration.memory
+def quantizer_kernels(name, impl, gpu):
+  """The kernels of quantize_bench's quantizer `name` on implementation `impl` (xla | pallas), compiled for one
+  `gpu` as the bench ran it, each with its code (the compiler's dump)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from benchmarks import quantize_bench  # pylint: disable=import-outside-toplevel
+  from MaxText.quantization import target as quant_target  # pylint: disable=import-outside-toplevel
+  from MaxText.runtime import xla_flags  # pylint: disable=import-outside-toplevel
 
-  def amax_ms(name, in_bytes):
-    return QUANTIZE_ELEMENTS * in_bytes / bandwidth * 1e3 if name else 0.0
+  devices = aot_devices.for_target(targets.parse(f"{gpu.name}-1"))
+  shard = jax.sharding.SingleDeviceSharding(devices[0])
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  x = jax.ShapeDtypeStruct(QUANTIZE_SHAPE, quantize_bench.QUANTIZERS[name][3], sharding=shard)
+  k = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=shard)
+  with quant_target.compiling_for(gpu.sm, 1), jax.default_device(devices[0]):
+    lowered = quantize_bench._quantizer_fn(name, impl).lower(x, k)  # pylint: disable=protected-access
+    compiled, code = dump.compile_reading_code(lowered, xla_flags.compiler_options(1))
+  kernels = hlo.kernels(hlo.parse(compiled.as_text()))
+  for kernel in kernels:
+    kernel.code = code.get(kernel.name)
+  return kernels
 
-  butterfly_ms = (times_ms["nvfp4 RHT (x_t)"] - times_ms["nvfp4 1x16 (x)"]) / 2
-  kernel_ms = {"quantize_amax_rht": amax_ms("quantize_amax", 2) + butterfly_ms}
-  for row, (amax, quantize, in_bytes) in QUANTIZER_KERNELS.items():
-    before = kernel_ms.get(amax, amax_ms(amax, in_bytes))
-    kernel_ms[quantize] = times_ms[row] - before
-    if row + FOUR_OVER_SIX in times_ms:
-      kernel_ms[quantize + "_4over6_mse"] = times_ms[row + FOUR_OVER_SIX] - before
-  for name, same in SAME_WORK.items():
-    kernel_ms[name] = kernel_ms[same]
-  return {name: round(ms * 1e6 / QUANTIZE_ELEMENTS, 8) for name, ms in sorted(kernel_ms.items())}
+
+def quantizer_rows(gpu, calibration):
+  """[{quantizer, impl, measured_ms, estimate_ms, bytes_ms, ratio}] of every quantizer the H100 timed (the
+  quantize part), each compiled and estimated by the one kernel model (nothing here was fitted on these times)."""
+  rows = []
+  for subject, measured in measured_quantizer_ms().items():
+    name, impl = subject.rsplit(" [", 1)
+    kernels = quantizer_kernels(name, impl.rstrip("]"), gpu)
+    estimate = sum(roofline.kernel_seconds(k, gpu, calibration) * k.count for k in kernels) * 1e3
+    nbytes = sum(k.bytes * k.count for k in kernels) / (gpu.memory_bandwidth * calibration.memory) * 1e3
+    row = {"quantizer": name, "impl": impl.rstrip("]"), "measured_ms": measured, "estimate_ms": estimate}
+    rows.append({**row, "bytes_ms": nbytes, "ratio": estimate / measured})
+  return rows
 
 
 def measured_quantizer_ms():
-  """{bench row: ms} of the Pallas quantizers the H100 timed (quantize part)."""
-  suffix = " [pallas]"
+  """{'quantizer [impl]': ms} of every quantizer the H100 timed (quantize part; copy left out)."""
   metrics = _read("quantize_quantize.json")["metrics"]
-  return {
-    m["subject"][: -len(suffix)]: m["value"] for m in metrics if m["name"] == "time" and m["subject"].endswith(suffix)
-  }
+  return {m["subject"]: m["value"] for m in metrics if m["name"] == "time" and not m["subject"].startswith("copy")}
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-  parser.add_argument("--json", help="write the rows and the fit here")
-  args = parser.parse_args(argv)
-  gpu = targets.GPUS["h100"]
-  rows = measured_rows()
-  kernels, memory = {}, {}
-  for label, path, overrides, *_ in rows:
-    print(f"compiling {label} for h100-1 ...", flush=True)
-    step = compiled(path, overrides)
-    kernels[label], memory[label] = step.kernels, step.memory["peak_bytes"]
-  m8, m1 = rows[0][3], next(row[3] for row in rows if row[0] == "1B-like bf16")
-  fitted = fit(kernels["8B-layer bf16"], m8, kernels["1B-like bf16"], m1, gpu)
-  print(
-    f"\nfit: gemm {fitted.gemm:.4f}, memory {fitted.memory:.4f}, attention {fitted.attention:.4f}, "
-    f"attention_score_ns {fitted.attention_score_ns:.6f} (roofline.DEFAULT: gemm {roofline.DEFAULT.gemm}, memory "
-    f"{roofline.DEFAULT.memory}, attention {roofline.DEFAULT.attention}, attention_score_ns "
-    f"{roofline.DEFAULT.attention_score_ns})"
-  )
+def step_rows(rows, kernels, memory, gpu, calibration):
+  """Prints and returns each measured step row beside its estimate (and its compiled memory)."""
   out = []
   print(
     "\n| row (H100, measured 2026-11-27) | measured ms: gemm / elementwise / attention / total | estimate ms "
@@ -262,7 +233,7 @@ def main(argv=None):
   )
   print("|---|---|---|---|---|")
   for label, _, _, meas, total, measured_memory in rows:
-    est = by_category(kernels[label], gpu, roofline.DEFAULT)
+    est = by_category(kernels[label], gpu, calibration)
     est_total = sum(est.values())
     ratios = [f"{est[c] / meas[c]:.2f}" for c in CATEGORIES] if meas else ["-"] * 3
     meas_text = " / ".join(f"{meas[c]:.1f}" for c in CATEGORIES) if meas else "- / - / -"
@@ -284,14 +255,53 @@ def main(argv=None):
       }
     )
   alone = attention_alone_kernels()
-  alone_ms = by_category(alone, gpu, roofline.DEFAULT)["attention"]
+  alone_ms = by_category(alone, gpu, calibration)["attention"]
   bench = next(m["value"] for m in _read("attention_attention.json")["metrics"] if m["subject"] == "cudnn")
   print(f"| cuDNN attention alone, one 8B layer fwd+bwd | {bench:.2f} | {alone_ms:.2f} | {alone_ms / bench:.2f} | |")
   out.append({"row": "cudnn attention alone", "measured_total_ms": bench, "estimate_total_ms": alone_ms})
-  if args.json:
-    pathlib.Path(args.json).write_text(
-      json.dumps({"fit": dataclasses.asdict(fitted), "rows": out}, indent=1) + "\n", encoding="utf-8"
+  return out
+
+
+def print_quantizers(rows):
+  print(
+    "\n| quantizer on [8192, 16384] (H100, measured 2026-11-27) | impl | measured ms | estimate ms "
+    "| bytes alone ms | est/meas |"
+  )
+  print("|---|---|---:|---:|---:|---:|")
+  for r in rows:
+    print(
+      f"| {r['quantizer']} | {r['impl']} | {r['measured_ms']:.3f} | {r['estimate_ms']:.3f} | {r['bytes_ms']:.3f} "
+      f"| {r['ratio']:.2f} |"
     )
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+  parser.add_argument("--json", help="write the rows and the fit here")
+  parser.add_argument("--quantizers-only", action="store_true", help="only the quantizer rows (no step compiles)")
+  args = parser.parse_args(argv)
+  gpu = targets.GPUS["h100"]
+  out = {"quantizers": quantizer_rows(gpu, roofline.DEFAULT)}
+  print_quantizers(out["quantizers"])
+  if not args.quantizers_only:
+    rows = measured_rows()
+    kernels, memory = {}, {}
+    for label, path, overrides, *_ in rows:
+      print(f"compiling {label} for h100-1 ...", flush=True)
+      step = compiled(path, overrides)
+      kernels[label], memory[label] = step.kernels, step.memory["peak_bytes"]
+    m8, m1 = rows[0][3], next(row[3] for row in rows if row[0] == "1B-like bf16")
+    fitted = fit(kernels["8B-layer bf16"], m8, kernels["1B-like bf16"], m1, gpu)
+    print(
+      f"\nfit: gemm {fitted.gemm:.4f}, memory {fitted.memory:.4f}, attention {fitted.attention:.4f}, "
+      f"attention_score_ns {fitted.attention_score_ns:.6f} (roofline.DEFAULT: gemm {roofline.DEFAULT.gemm}, memory "
+      f"{roofline.DEFAULT.memory}, attention {roofline.DEFAULT.attention}, attention_score_ns "
+      f"{roofline.DEFAULT.attention_score_ns})"
+    )
+    out["fit"] = dataclasses.asdict(fitted)
+    out["rows"] = step_rows(rows, kernels, memory, gpu, roofline.DEFAULT)
+  if args.json:
+    pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
   return 0
 
 

@@ -14,18 +14,17 @@ unknowns need both). They are shares of each target's own peaks (aot/targets.py)
 its own rates: an assumption until a Blackwell is measured. Collectives are uncalibrated (no multi-GPU
 measurement): link bandwidth at its datasheet figure, a lower bound on their time.
 
-The Pallas quantizer kernels (quantization/kernels/pallas_quantize.py) are not memory-bound: exact rounding, the RHT
-butterfly and stochastic rounding's threefry draws bound them (the H100 ran them at 2.3x-3.9x the time their bytes
-need). Each gets its own cost, ns per element of the tensor it reads, fitted on the H100's per-quantizer times of
-the same day (`quantizer_ns_per_element`, benchmarks/roofline_calibration.py says how) and scaled by SMs x clock to
-other GPUs, as attention's per-score cost is; the kernel takes the longer of that and its bytes' time. A `_narrow`
-kernel (E2M1 and E4M3 codes for the block-scaled dot) does the same arithmetic as its bf16-writing twin and is
-costed as it.
+Every kernel whose code the compiler's dump shows (XLA's fusions and the Pallas kernels: aot.dump, aot.ptx) takes
+the longer of its bytes' time and its instruction time (aot.instructions: each thread's instructions by execution
+pipe over the target's per-pipe rates, a published table, nothing fitted), so a compute-bound quantizer costs its
+arithmetic on every target by one model; a kernel without readable code (Transformer Engine's, where its SASS is
+not read) costs its bytes, a lower bound, and says so (`quantizer_kernels`).
 """
 
+import collections
 import dataclasses
 
-from MaxText.aot import targets
+from MaxText.aot import instructions, targets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,43 +38,16 @@ class Calibration:
   score_gpu: str  # the GPU the per-score cost was measured on (scaled by SMs x clock elsewhere)
   collective: float = 1.0  # share of link bandwidth (uncalibrated)
   source: str = ""
-  # {Pallas kernel name: ns per element of its largest operand on `score_gpu`}: compute-bound kernels' own cost.
-  quantizer_ns_per_element: dict = dataclasses.field(default_factory=dict)
 
 
 # Fitted by benchmarks/roofline_calibration.py on the H100 measurements of 2026-11-27 (its output is in RESULTS.md).
-# The Pallas quantizers' ns per element (roofline_calibration.fit_quantizers on the H100's quantize part).
-H100_QUANTIZER_NS_PER_ELEMENT = {
-  "quantize_amax_rht": 0.00181577,
-  "quantize_fp8_e4m3": 0.00237946,
-  "quantize_fp8_e5m2": 0.00237946,
-  "quantize_mx_e2m1": 0.00263204,
-  "quantize_mx_e4m3": 0.002159,
-  "quantize_nvfp4": 0.00303644,
-  "quantize_nvfp4_16x16": 0.00330658,
-  "quantize_nvfp4_16x16_4over6_mae": 0.01100525,
-  "quantize_nvfp4_16x16_4over6_mse": 0.01100525,
-  "quantize_nvfp4_4over6_mae": 0.01049422,
-  "quantize_nvfp4_4over6_mse": 0.01049422,
-  "quantize_nvfp4_rht": 0.00418547,
-  "quantize_nvfp4_rht_4over6_mae": 0.02549659,
-  "quantize_nvfp4_rht_4over6_mse": 0.02549659,
-  "quantize_nvfp4_rht_sr": 0.00598679,
-  "quantize_nvfp4_rht_sr_4over6_mae": 0.01321099,
-  "quantize_nvfp4_rht_sr_4over6_mse": 0.01321099,
-  "quantize_nvfp4_sr": 0.00440454,
-  "quantize_nvfp4_sr_4over6_mae": 0.01135992,
-  "quantize_nvfp4_sr_4over6_mse": 0.01135992,
-}
 H100_2026_11_27 = Calibration(
   gemm=0.7545,
-  memory=0.8948,
+  memory=0.8951,
   attention=0.9390,
   attention_score_ns=0.000599,
   score_gpu="h100",
   source="one H100 80GB HBM3, 2026-11-27 (benchmarks/results/h100-2026-11-27/, benchmarks/roofline_calibration.py)",
-  # roofline_calibration.fit_quantizers on quantize_quantize.json ([8192, 16384], quantization_kernels=pallas).
-  quantizer_ns_per_element=H100_QUANTIZER_NS_PER_ELEMENT,
 )
 DEFAULT = H100_2026_11_27
 # cuBLAS / cuDNN run a GEMM on the tensor-core rate of its operands; fp4 and the MX block-scaled dots on their own.
@@ -112,8 +84,8 @@ def kernel_seconds(kernel, gpu, calibration=DEFAULT):
     score_gpu_rate = _sm_clock(calibration.score_gpu)
     scores = kernel.scores * calibration.attention_score_ns * 1e-9 * score_gpu_rate / _sm_clock(gpu)
     return max(compute + scores, memory_time)
-  if kernel.kind == "pallas":
-    return max(memory_time, quantizer_compute_seconds(kernel, gpu, calibration))
+  if kernel.code is not None:
+    return max(memory_time, instructions.seconds(kernel.code, kernel.read_bytes, gpu)[0])
   if kernel.category == "collective":
     info = kernel.collective
     nvlink = info["nvlink_bytes"] / gpu.nvlink_bytes_per_s
@@ -121,11 +93,53 @@ def kernel_seconds(kernel, gpu, calibration=DEFAULT):
   return memory_time
 
 
-def quantizer_compute_seconds(kernel, gpu, calibration=DEFAULT):
-  """A Pallas kernel's compute time on `gpu` from its calibrated ns per element (0 for a kernel not calibrated)."""
-  name = kernel.pallas_name
-  per_element = calibration.quantizer_ns_per_element.get(name.removesuffix("_narrow"), 0.0)
-  return kernel.elements * per_element * 1e-9 * _sm_clock(calibration.score_gpu) / _sm_clock(gpu)
+def quantizer_kernels(kernel_list, gpu, calibration=DEFAULT):
+  """{kernel name: row} of the step's quantizer kernels (the Pallas kernels by name, Transformer Engine's by FFI
+  target) on `gpu`: runs per step; per element of the tensor each reads, thread-instructions, the pipe that bounds
+  them and bytes; ms per step of its bytes and of its instructions; what bounds it ('bytes', 'instructions', or
+  'bytes (lower bound: no code read)'); and the instructions per element it could take and still be byte-bound."""
+  rows = {}
+  bandwidth = gpu.memory_bandwidth * calibration.memory
+  for k in kernel_list:
+    if k.kind not in ("pallas", "te_kernel"):
+      continue
+    name = k.pallas_name or k.target
+    sums = ("runs", "elements", "instructions", "bytes", "bytes_ms", "instructions_ms")
+    row = rows.setdefault(
+      name, {**dict.fromkeys(sums, 0.0), "code": k.code is not None, "pipes": collections.Counter()}
+    )
+    row["runs"] += k.count
+    row["elements"] += k.elements * k.count
+    row["bytes"] += k.bytes * k.count
+    row["bytes_ms"] += k.bytes / bandwidth * k.count * 1e3
+    if k.code is not None:
+      seconds, work = instructions.seconds(k.code, k.read_bytes, gpu)
+      threads = k.code.launch.blocks * k.code.launch.threads_per_block
+      row["instructions"] += work.instructions * threads * k.count
+      row["instructions_ms"] += seconds * k.count * 1e3
+      row["pipes"][instructions.bottleneck(work)] += seconds * k.count
+  return {name: _per_element(row) for name, row in sorted(rows.items())}
+
+
+def _per_element(row):
+  """A quantizer_kernels row from its sums: per-element figures, the bound, the affordable instruction count."""
+  elements = row["elements"] or 1.0
+  out = {
+    "runs_per_step": row["runs"],
+    "instructions_per_element": row["instructions"] / elements if row["code"] else None,
+    "bytes_per_element": row["bytes"] / elements,
+    "bytes_ms": row["bytes_ms"],
+    "instructions_ms": row["instructions_ms"] if row["code"] else None,
+    "bound_by": row["pipes"].most_common(1)[0][0] if row["pipes"] else None,
+  }
+  if not row["code"]:
+    out["bound"] = "bytes (lower bound: no code read)"
+    out["byte_bound_at_instructions_per_element"] = None
+    return out
+  out["bound"] = "instructions" if row["instructions_ms"] > row["bytes_ms"] else "bytes"
+  ratio = row["bytes_ms"] / row["instructions_ms"] if row["instructions_ms"] else float("inf")
+  out["byte_bound_at_instructions_per_element"] = out["instructions_per_element"] * ratio
+  return out
 
 
 def _sm_clock(gpu):

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from MaxText import precision
-from MaxText.aot import devices as aot_devices, hlo, roofline, targets
+from MaxText.aot import devices as aot_devices, dump, hlo, roofline, targets
 from MaxText.config import RunShape
 from MaxText.data.batch import Batch
 from MaxText.model import accounting
@@ -155,7 +155,10 @@ def compile_step(
     used = _backends_used(plan, any(size > 1 for size in mesh.shape.values()))
     if xla_options is None:
       xla_options = xla_flags.compiler_options(len(devices)) if compile_only else {}
-    compiled = lowered.compile(compiler_options=xla_options or None)
+    if compile_only:  # a GPU target: its kernels' code read from the compiler's dump
+      compiled, code = dump.compile_reading_code(lowered, xla_options)
+    else:
+      compiled, code = lowered.compile(compiler_options=xla_options or None), {}
   memory = compiled_memory(compiled) or {}
   if compile_only:
     device_bytes = gpu.device_memory_size if gpu is not None else 0
@@ -165,6 +168,8 @@ def compile_step(
   text = compiled.as_text()
   domain = devices_per_domain or len(devices) // len({d.process_index for d in devices})
   kernel_list = hlo.kernels(hlo.parse(text), len(devices), domain)
+  for kernel in kernel_list:
+    kernel.code = code.get(kernel.name)
   flops = accounting.training_flops_per_device(cfg).total
   return CompiledStep(
     target=target_name or devices[0].device_kind,
@@ -232,6 +237,7 @@ def report(step: CompiledStep, cfg, calibration=roofline.DEFAULT):
     "kernels": found["kernels"],
     "backends": step.backends,
     "estimate": estimate,
+    "quantizer_kernels": roofline.quantizer_kernels(step.kernels, step.gpu, calibration) if step.gpu else {},
     "flops_per_device": step.flops_per_device,
     "compile_seconds": round(step.seconds, 2),
     "jax": jax.__version__,
@@ -281,7 +287,27 @@ def format_report(rep):
       f"{ms['gemm']:.1f} + elementwise {ms['elementwise']:.1f} + attention {ms['attention']:.1f} + collectives "
       f"{ms['collectives']:.1f}; MFU {est['mfu']:.1%}, {est['tokens_per_s_per_device']:,.0f} tokens/s/device"
     )
+  lines += format_quantizer_kernels(rep.get("quantizer_kernels") or {}, rep["target"])
   return "\n".join(lines)
+
+
+def format_quantizer_kernels(rows, target):
+  """train_compile's lines on the quantizer kernels: per element of the tensor each reads, its thread-instructions
+  (from the compiled PTX) and bytes, and whether its instructions or its bytes bound it on the target."""
+  if not rows:
+    return []
+  lines = [f"quantizer kernels on {target} (estimate: thread-instructions from the compiled PTX, per element read):"]
+  for name, row in rows.items():
+    head = f"  {name}: {row['runs_per_step']:g} runs/step, {row['bytes_per_element']:.2f} B/element"
+    if row["instructions_per_element"] is None:
+      lines.append(f"{head}; bytes {row['bytes_ms']:.1f} ms/step ({row['bound']})")
+      continue
+    lines.append(
+      f"{head}, {row['instructions_per_element']:.1f} instructions/element ({row['bound_by']} pipe); "
+      f"instructions {row['instructions_ms']:.1f} ms/step vs bytes {row['bytes_ms']:.1f}: {row['bound']}-bound "
+      f"(byte-bound at <= {row['byte_bound_at_instructions_per_element']:.1f} instructions/element)"
+    )
+  return lines
 
 
 def refusal(rep):

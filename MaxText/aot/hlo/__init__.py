@@ -24,6 +24,7 @@ from MaxText.aot.hlo.kernels import (
   gemm_site,
   gemm_kind,
   kernel_bytes,
+  kernel_traffic,
   kernels,
   summary,
 )
@@ -60,6 +61,7 @@ __all__ = [
   "gemm_site",
   "gemm_kind",
   "kernel_bytes",
+  "kernel_traffic",
   "kernels",
   "parse",
   "replica_groups",

@@ -60,7 +60,9 @@ class Kernel:
   dtypes: tuple = ()  # a GEMM's operand element types
   collective: typing.Optional[dict] = None  # data bytes, group size, domains crossed
   scores: float = 0.0  # attention: scores (Q-K pairs) per run, times passes over them (forward 1, backward 2)
-  elements: float = 0.0  # a Pallas kernel: elements of its largest operand (the tensor a quantizer reads)
+  elements: float = 0.0  # a Pallas / TE kernel: elements of its largest operand (the tensor a quantizer reads)
+  read_bytes: float = 0.0  # of `bytes`, those read
+  code: typing.Any = None  # what its threads execute where the compiler's dump was read (aot.dump.Code)
 
   @property
   def pallas_name(self):
@@ -216,14 +218,19 @@ def _outputs(module, computation):
 
 
 def kernel_bytes(module, instr):
-  """HBM bytes a kernel reads and writes, as XLA's cost model counts a fusion's: an operand the kernel only slices
-  (dynamic-slice, slice, gather) counts the slices read; a buffer updated in place (the operand of a root
-  dynamic-update-slice or scatter) is not read, and only the update is written; every other operand and output
+  """HBM bytes a kernel reads and writes (kernel_traffic's sum)."""
+  return sum(kernel_traffic(module, instr))
+
+
+def kernel_traffic(module, instr):
+  """(bytes read, bytes written) of a kernel in HBM, as XLA's cost model counts a fusion's: an operand the kernel
+  only slices (dynamic-slice, slice, gather) counts the slices read; a buffer updated in place (the operand of a
+  root dynamic-update-slice or scatter) is not read, and only the update is written; every other operand and output
   whole."""
   body = instr.called("calls") if instr.opcode == "fusion" else None
   operands = module.operand_arrays(instr)
   if body is None:
-    return sum(a.bytes for arrays_ in operands for a in arrays_) + instr.bytes
+    return sum(a.bytes for arrays_ in operands for a in arrays_), instr.bytes
   params = {i.parameter_number: i for i in module.computations.get(body, []) if i.opcode == "parameter"}
   in_place, written = set(), 0.0
   for out in _outputs(module, body):
@@ -248,7 +255,7 @@ def kernel_bytes(module, instr):
       read += min(whole, sum(u.bytes for u in users))
     else:
       read += whole
-  return read + written
+  return read, written
 
 
 # Root ops that update their first operand in place (XLA aliases the buffer): the operand index of the update.
@@ -347,13 +354,14 @@ def kernels(module, num_devices=1, devices_per_domain=None) -> list:
       kernel = Kernel(instr.name, instr.opcode, instr.target, category, kind, times, flops, 0.0, instr.op_name, dtypes)
       if category == "attention":
         kernel.scores = attention_work(module, instr)[1]
-      if kind == "pallas":
+      if kind in ("pallas", "te_kernel"):
         kernel.elements = max((a.elements for arrays in module.operand_arrays(instr) for a in arrays), default=0)
       if category == "collective":
         kernel.collective = collective_info(module, instr, num_devices, devices_per_domain)
         kernel.bytes = kernel.collective["wire_bytes"]
       else:
-        kernel.bytes = kernel_bytes(module, instr)
+        kernel.read_bytes, written = kernel_traffic(module, instr)
+        kernel.bytes = kernel.read_bytes + written
       out.append(kernel)
   return out
 
