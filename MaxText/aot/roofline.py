@@ -1,18 +1,25 @@
-"""A roofline estimate of a compiled step's device time on a GPU target, kernel by kernel, from its optimized HLO
-(aot/hlo.py): library GEMMs by their FLOPs over an achievable share of the tensor-core peak for their operand type
-(or by their bytes where that is slower), attention by its GEMM FLOPs plus the softmax work on every attention score,
-every other kernel (elementwise, quantizers, copies, XLA's fusions) by the bytes it moves over an achievable share of
-HBM bandwidth, collectives by the bytes each GPU sends over NVLink inside its domain and over its own NIC across
-domains (bandwidth-optimal algorithms: hlo.collective_info). Categories add up (no overlap of collectives with
-compute is assumed: an upper bound where XLA's latency-hiding scheduler overlaps them).
+"""An estimate of a compiled step's device time on a GPU target, kernel by kernel, from its optimized HLO (aot.hlo):
+library GEMMs by their FLOPs over an achievable share of the tensor-core peak for their operand type (or by their
+bytes where that is slower), attention by its GEMM FLOPs plus the softmax work on every attention score, every other
+kernel by the bytes it moves over an achievable share of HBM bandwidth or its instructions (below), collectives by
+the bytes each GPU sends over NVLink inside its domain and over its own NIC across domains (bandwidth-optimal
+algorithms: hlo.collective_info). The step's time is its schedule's (hlo.schedule): kernels in the compiled order on
+the compute stream, asynchronous collectives beside them, a collective costing only the part nothing hides (its
+exposed time); without the module, categories add up.
 
-The achievable shares were calibrated once, on one H100's measurements of 2026-11-27 (../shared/gpu/
-H100-2026-11-27.md, benchmarks/results/h100-2026-11-27/): `benchmarks/roofline_calibration.py` fits them and prints
-how every measured row comes out (benchmarks/RESULTS.md). GEMM and memory shares and attention's FLOP share from the
-8B-layer bf16 step; attention's per-score cost from it together with the 1B-like bf16 step (head dim 128 vs 64: two
-unknowns need both). They are shares of each target's own peaks (aot/targets.py), so a B200 gets the same share of
-its own rates: an assumption until a Blackwell is measured. Collectives are uncalibrated (no multi-GPU
-measurement): link bandwidth at its datasheet figure, a lower bound on their time.
+The achievable shares were calibrated once, on one H100's measurements of 2026-11-27 (benchmarks/results/
+h100-2026-11-27/): `benchmarks/roofline_calibration.py` fits them and prints how every measured row comes out
+(benchmarks/RESULTS.md). GEMM and memory shares from the 8B-layer bf16 step; attention's FLOP share and per-score
+cost from it together with the 1B-like bf16 step (head dim 128 vs 64: two unknowns need both). They are shares of
+each target's own peaks (aot/targets.py): an assumption until a Blackwell is measured.
+
+Where a constant is uncertain the estimate is a range (SCENARIOS; `low` the fastest, `high` the slowest): the share
+of link bandwidth collectives reach (assumed, no multi-GPU measurement: 0.7 to 1.0, point 0.85), how much compute
+slows beside a running collective (0 to the SMs NCCL may take, point 0), and how attention's per-score (softmax)
+cost moves to another GPU -- with the GPU's exponential throughput, SMs x clock x exp2 per SM per clock (point:
+Blackwell Ultra's doubled SFU rate counts), with SMs x clock alone (high), or with the tensor-core peak as published
+attention kernels do from H100 to B200 (low: FlashAttention-3's 740 to FlashAttention-4's 1,605 TFLOP/s, 2.2x for
+2.25x the peak).
 
 Every kernel whose code the compiler's dump shows (XLA's fusions and the Pallas kernels: aot.dump, aot.ptx) takes
 the longer of its bytes' time and its instruction time (aot.instructions: each thread's instructions by execution
@@ -24,7 +31,7 @@ not read) costs its bytes, a lower bound, and says so (`quantizer_kernels`).
 import collections
 import dataclasses
 
-from MaxText.aot import instructions, targets
+from MaxText.aot import hlo, instructions, targets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +43,6 @@ class Calibration:
   attention: float  # share of the bf16 peak on attention's GEMM FLOPs
   attention_score_ns: float  # ns per attention score (one pass over one Q-K pair) on `score_gpu`
   score_gpu: str  # the GPU the per-score cost was measured on (scaled by SMs x clock elsewhere)
-  collective: float = 1.0  # share of link bandwidth (uncalibrated)
   source: str = ""
 
 
@@ -50,6 +56,25 @@ H100_2026_11_27 = Calibration(
   source="one H100 80GB HBM3, 2026-11-27 (benchmarks/results/h100-2026-11-27/, benchmarks/roofline_calibration.py)",
 )
 DEFAULT = H100_2026_11_27
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+  """The uncertain constants, one choice each: link share of collectives, compute slowdown beside a running
+  collective (a share of its time), and what attention's per-score cost scales with ('exp', 'sm_clock', 'tensor')."""
+
+  collective_share: float
+  overlap_slowdown: float
+  attention_scores: str
+
+
+NCCL_SMS = 16  # assumed: the SMs NCCL's collectives occupy at most while they run beside compute
+SCENARIOS = {
+  "point": Scenario(0.85, 0.0, "exp"),
+  "low": Scenario(1.0, 0.0, "tensor"),
+  "high": Scenario(0.7, None, "sm_clock"),  # None: NCCL_SMS of the GPU's SMs
+}
+POINT = SCENARIOS["point"]
 # cuBLAS / cuDNN run a GEMM on the tensor-core rate of its operands; fp4 and the MX block-scaled dots on their own.
 _PEAK_OF_KIND = {
   "bf16": "bf16",
@@ -67,7 +92,7 @@ def _te_peak(dtypes):
   return "fp4" if first.startswith("f4") else "fp8" if first.startswith("f8") else "bf16"
 
 
-def kernel_seconds(kernel, gpu, calibration=DEFAULT):
+def kernel_seconds(kernel, gpu, calibration=DEFAULT, scenario=POINT):
   """Estimated seconds of one run of `kernel` on `gpu` (aot.targets.Gpu)."""
   bandwidth = gpu.memory_bandwidth * calibration.memory
   memory_time = kernel.bytes / bandwidth
@@ -81,29 +106,31 @@ def kernel_seconds(kernel, gpu, calibration=DEFAULT):
     return max(kernel.flops / (gpu.peak_flops(dtype) * calibration.gemm), memory_time)
   if kernel.category == "attention":
     compute = kernel.flops / (gpu.peak_flops("bf16") * calibration.attention)
-    score_gpu_rate = _sm_clock(calibration.score_gpu)
-    scores = kernel.scores * calibration.attention_score_ns * 1e-9 * score_gpu_rate / _sm_clock(gpu)
+    rate = lambda g: _score_rate(g, scenario.attention_scores)
+    scores = kernel.scores * calibration.attention_score_ns * 1e-9 * rate(calibration.score_gpu) / rate(gpu)
     return max(compute + scores, memory_time)
   if kernel.code is not None:
     return max(memory_time, instructions.seconds(kernel.code, kernel.read_bytes, gpu)[0])
   if kernel.category == "collective":
     info = kernel.collective
     nvlink = info["nvlink_bytes"] / gpu.nvlink_bytes_per_s
-    return (nvlink + info["network_bytes"] / gpu.network_bytes_per_s) / calibration.collective
+    return (nvlink + info["network_bytes"] / gpu.network_bytes_per_s) / scenario.collective_share
   return memory_time
 
 
-def quantizer_kernels(kernel_list, gpu, calibration=DEFAULT):
-  """{kernel name: row} of the step's quantizer kernels (the Pallas kernels by name, Transformer Engine's by FFI
-  target) on `gpu`: runs per step; per element of the tensor each reads, thread-instructions, the pipe that bounds
-  them and bytes; ms per step of its bytes and of its instructions; what bounds it ('bytes', 'instructions', or
-  'bytes (lower bound: no code read)'); and the instructions per element it could take and still be byte-bound."""
+def quantizer_kernels(kernel_list, gpu, calibration=DEFAULT, label=None):
+  """{kernel name: row} of the step's quantizer kernels on `gpu` -- the Pallas kernels by name, Transformer
+  Engine's by FFI target; with `label(kernel)` (a name, or None to leave a kernel out) any kernels, grouped so:
+  runs per step; per element of the tensor each reads, thread-instructions, the pipe that bounds them and bytes; ms
+  per step of its bytes and of its instructions; what bounds it ('bytes', 'instructions', or 'bytes (lower bound: no
+  code read)'); and the instructions per element it could take and still be byte-bound."""
   rows = {}
   bandwidth = gpu.memory_bandwidth * calibration.memory
+  label = label or (lambda k: (k.pallas_name or k.target) if k.kind in ("pallas", "te_kernel") else None)
   for k in kernel_list:
-    if k.kind not in ("pallas", "te_kernel"):
+    name = label(k)
+    if name is None:
       continue
-    name = k.pallas_name or k.target
     sums = ("runs", "elements", "instructions", "bytes", "bytes_ms", "instructions_ms")
     row = rows.setdefault(
       name, {**dict.fromkeys(sums, 0.0), "code": k.code is not None, "pipes": collections.Counter()}
@@ -142,24 +169,71 @@ def _per_element(row):
   return out
 
 
-def _sm_clock(gpu):
-  """SMs x clock: what per-element work on the CUDA cores (attention's softmax) scales with."""
+def _score_rate(gpu, scaling):
+  """What attention's per-score work runs at on `gpu` (relative): its exp2 throughput, SMs x clock, or its bf16
+  tensor-core peak."""
   gpu = targets.GPUS[gpu] if isinstance(gpu, str) else gpu
-  return gpu.core_count * gpu.clock_ghz
+  if scaling == "tensor":
+    return gpu.peak_flops("bf16")
+  return gpu.core_count * gpu.clock_ghz * (gpu.exp_per_clock if scaling == "exp" else 1)
 
 
-def estimate(kernel_list, gpu, calibration=DEFAULT, flops_per_step=None, tokens_per_step_per_device=None):
-  """{ms_per_step: {gemm, elementwise, attention, collectives, total}, mfu, tokens_per_s_per_device} of a step's
-  kernels on `gpu`; mfu is `flops_per_step` (MaxText's count per device) over the total at the bf16 peak."""
-  ms = {"gemm": 0.0, "elementwise": 0.0, "attention": 0.0, "collectives": 0.0}
-  key = {"gemm": "gemm", "elementwise": "elementwise", "attention": "attention", "collective": "collectives"}
+def constants(calibration=DEFAULT):
+  """What the estimate's constants are and where each comes from: fitted (on which measurement), published (the
+  target facts' and the instruction rates' sources), assumed (the uncertain ones, with the range they span)."""
+  fitted_on = "8B-layer bench step in bf16 (H100, 2026-11-27)"
+  return {
+    "fitted": {
+      "gemm": f"{calibration.gemm}: GEMM time of the {fitted_on}",
+      "memory": f"{calibration.memory}: elementwise time of the {fitted_on}",
+      "attention, attention_score_ns": f"{calibration.attention}, {calibration.attention_score_ns}: attention time "
+      f"of the {fitted_on} and of the 1B-like bench step in bf16",
+    },
+    "published": {**targets.SOURCES, "instructions": instructions.SOURCE},
+    "assumed": {name: dataclasses.asdict(s) for name, s in SCENARIOS.items()} | {"nccl_sms": NCCL_SMS},
+  }
+
+
+CATEGORY_KEYS = {"gemm": "gemm", "elementwise": "elementwise", "attention": "attention", "collective": "collectives"}
+
+
+def step_ms(kernel_list, gpu, calibration=DEFAULT, scenario=POINT, module=None):
+  """{gemm, elementwise, attention, collectives, collectives_exposed, collectives_hidden, total} ms per step under
+  one scenario: categories summed over the kernels' runs; the total as the module's schedule runs them (hlo.schedule),
+  or the categories' sum without the module (every collective exposed)."""
+  ms = dict.fromkeys(CATEGORY_KEYS.values(), 0.0)
+  seconds = {}
   for k in kernel_list:
-    ms[key[k.category]] += kernel_seconds(k, gpu, calibration) * k.count * 1e3
-  ms["total"] = sum(ms.values())
-  out = {"ms_per_step": ms, "mfu": None, "tokens_per_s_per_device": None}
-  seconds = ms["total"] / 1e3
-  if flops_per_step and seconds > 0:
-    out["mfu"] = flops_per_step / seconds / gpu.peak_flops("bf16")
-  if tokens_per_step_per_device and seconds > 0:
-    out["tokens_per_s_per_device"] = tokens_per_step_per_device / seconds
+    seconds[k.name] = kernel_seconds(k, gpu, calibration, scenario)
+    ms[CATEGORY_KEYS[k.category]] += seconds[k.name] * k.count * 1e3
+  if module is None:
+    ms.update(collectives_exposed=ms["collectives"], collectives_hidden=0.0, total=sum(ms.values()))
+    return ms
+  slowdown = scenario.overlap_slowdown
+  slowdown = NCCL_SMS / gpu.core_count if slowdown is None else slowdown
+  walked = hlo.schedule.walk(module, lambda name: seconds.get(name, 0.0), slowdown)
+  ms.update(
+    collectives_exposed=walked["exposed_s"] * 1e3,
+    collectives_hidden=walked["hidden_s"] * 1e3,
+    total=walked["total_s"] * 1e3,
+  )
+  return ms
+
+
+def estimate(kernel_list, gpu, calibration=DEFAULT, flops_per_step=None, tokens_per_step_per_device=None, module=None):
+  """{ms_per_step (step_ms at the point scenario), range_ms: {low, high}, mfu, tokens_per_s_per_device,
+  model_tflops_per_s_per_device (each with its range)} of a step's kernels on `gpu`; mfu is `flops_per_step`
+  (MaxText's count per device) over the total at the bf16 peak."""
+  runs = {name: step_ms(kernel_list, gpu, calibration, scenario, module) for name, scenario in SCENARIOS.items()}
+  ms = runs["point"]
+  out = {"ms_per_step": ms, "range_ms": {"low": runs["low"]["total"], "high": runs["high"]["total"]}}
+  out["scheduled"] = module is not None
+  per_second = lambda amount, total_ms: amount / (total_ms / 1e3) if amount and total_ms > 0 else None
+  for key, amount in (("tokens_per_s_per_device", tokens_per_step_per_device), ("model_flops", flops_per_step)):
+    out[key] = per_second(amount, ms["total"])
+    out[key + "_range"] = [per_second(amount, runs["high"]["total"]), per_second(amount, runs["low"]["total"])]
+  flops = out.pop("model_flops"), out.pop("model_flops_range")
+  out["model_tflops_per_s_per_device"] = flops[0] / 1e12 if flops[0] else None
+  out["model_tflops_range"] = [f / 1e12 if f else None for f in flops[1]]
+  out["mfu"] = flops[0] / gpu.peak_flops("bf16") if flops[0] else None
   return out

@@ -46,6 +46,7 @@ class CompiledStep:
   memory: dict  # argument/output/alias/temp/peak bytes (XLA's memory analysis), device_bytes, available_bytes
   kernels: list  # hlo.Kernel of the optimized program
   hlo_text: str
+  module: hlo.Module  # the optimized program, parsed (its schedule: the estimate's order)
   seconds: float  # lowering + compiling
   backends: dict  # {recipe: the backend (and quantizer kernels) that ran it}
   flops_per_device: float  # MaxText's training FLOPs per device per step
@@ -64,7 +65,9 @@ class CompiledStep:
     """The roofline estimate on the target GPU (None where the GPU is not in the target table)."""
     if self.gpu is None:
       return None
-    return roofline.estimate(self.kernels, self.gpu, calibration, self.flops_per_device, self.tokens_per_device)
+    return roofline.estimate(
+      self.kernels, self.gpu, calibration, self.flops_per_device, self.tokens_per_device, module=self.module
+    )
 
 
 def memory_fraction():
@@ -167,7 +170,8 @@ def compile_step(
     memory["device_bytes"] = memory["available_bytes"] = _local_bytes_limit(devices)
   text = compiled.as_text()
   domain = devices_per_domain or len(devices) // len({d.process_index for d in devices})
-  kernel_list = hlo.kernels(hlo.parse(text), len(devices), domain)
+  module = hlo.parse(text)
+  kernel_list = hlo.kernels(module, len(devices), domain)
   for kernel in kernel_list:
     kernel.code = code.get(kernel.name)
   flops = accounting.training_flops_per_device(cfg).total
@@ -179,6 +183,7 @@ def compile_step(
     memory=memory,
     kernels=kernel_list,
     hlo_text=text,
+    module=module,
     seconds=time.perf_counter() - start,
     backends=used,
     flops_per_device=flops,
@@ -221,6 +226,7 @@ def report(step: CompiledStep, cfg, calibration=roofline.DEFAULT):
       "not a measurement"
     )
     estimate["calibration"] = dataclasses.asdict(calibration)
+    estimate["constants"] = roofline.constants(calibration)
   return {
     "target": step.target,
     "gpu": step.gpu.description if step.gpu is not None else None,
@@ -279,16 +285,31 @@ def format_report(rep):
     lines.append("  quantized GEMMs: " + ", ".join(f"{r} on {b}" for r, b in rep["backends"].items()))
   coll = ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in sorted(rep["collectives"].items())) or "none"
   lines.append(f"collectives per step (data per device): {coll}")
-  est = rep["estimate"]
-  if est is not None:
-    ms = est["ms_per_step"]
-    lines.append(
-      f"estimate (compiled, roofline calibrated on one H100; not a measurement): {ms['total']:.1f} ms/step = gemm "
-      f"{ms['gemm']:.1f} + elementwise {ms['elementwise']:.1f} + attention {ms['attention']:.1f} + collectives "
-      f"{ms['collectives']:.1f}; MFU {est['mfu']:.1%}, {est['tokens_per_s_per_device']:,.0f} tokens/s/device"
-    )
+  if rep["estimate"] is not None:
+    lines += format_estimate(rep["estimate"], rep["target"])
   lines += format_quantizer_kernels(rep.get("quantizer_kernels") or {}, rep["target"])
   return "\n".join(lines)
+
+
+def format_estimate(est, target):
+  """train_compile's lines on the step-time estimate: the scheduled total with its range, the categories, the
+  collectives' exposed and hidden time, MFU, tokens/s and model TFLOP/s per device (point and range)."""
+  ms, low, high = est["ms_per_step"], est["range_ms"]["low"], est["range_ms"]["high"]
+  tflops, (tflops_low, tflops_high) = est["model_tflops_per_s_per_device"], est["model_tflops_range"]
+  how = "as scheduled" if est.get("scheduled") else "categories added"
+  lines = [
+    f"estimate for {target} (compiled, not a measurement; constants fitted on one H100, targets' published rates): "
+    f"{ms['total']:.1f} ms/step {how} (range {low:.1f} - {high:.1f})",
+    f"  kernels: gemm {ms['gemm']:.1f} + elementwise {ms['elementwise']:.1f} + attention {ms['attention']:.1f} ms; "
+    f"collectives {ms['collectives']:.1f} ms, of which exposed {ms['collectives_exposed']:.1f} and hidden "
+    f"{ms['collectives_hidden']:.1f} behind compute",
+  ]
+  if tflops:
+    lines.append(
+      f"  MFU {est['mfu']:.1%}, {est['tokens_per_s_per_device']:,.0f} tokens/s/device, {tflops:,.0f} model TFLOP/s "
+      f"per device (range {tflops_low:,.0f} - {tflops_high:,.0f})"
+    )
+  return lines
 
 
 def format_quantizer_kernels(rows, target):

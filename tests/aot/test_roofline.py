@@ -12,8 +12,9 @@ from MaxText.aot import dump, hlo, ptx, roofline, targets
 
 H100, B200, GB200, GB300 = (targets.GPUS[g] for g in ("h100", "b200", "gb200", "gb300"))
 CAL = roofline.Calibration(
-  gemm=0.5, memory=0.8, attention=0.6, attention_score_ns=0.001, score_gpu="h100", collective=1.0, source="test"
+  gemm=0.5, memory=0.8, attention=0.6, attention_score_ns=0.001, score_gpu="h100", source="test"
 )
+LINE_RATE = roofline.Scenario(collective_share=1.0, overlap_slowdown=0.0, attention_scores="sm_clock")
 
 
 def _kernel(category, kind, flops=0.0, nbytes=0.0, count=1, **extra):
@@ -39,23 +40,33 @@ def test_each_gemm_kind_runs_at_its_operand_types_rate():
   assert seconds("naive_loop", H100) == pytest.approx(1e12 / (2 * 128 * 132 * 1.98e9))
 
 
-def test_attention_adds_its_per_score_cost_scaled_by_sms_and_clock():
+def test_attention_adds_its_per_score_cost_scaled_to_the_target():
   kernel = _kernel("attention", "cudnn", flops=4e12, scores=1e9)
   compute = 4e12 / (H100.peak_flops("bf16") * 0.6)
   assert roofline.kernel_seconds(kernel, H100, CAL) == pytest.approx(compute + 1e9 * 1e-12)
   on_b200 = 4e12 / (B200.peak_flops("bf16") * 0.6) + 1e9 * 1e-12 * (132 * 1.98) / (148 * 1.965)
-  assert roofline.kernel_seconds(kernel, B200, CAL) == pytest.approx(on_b200)
+  assert roofline.kernel_seconds(kernel, B200, CAL) == pytest.approx(on_b200)  # same exp2 rate per SM: SMs x clock
+  assert roofline.kernel_seconds(kernel, B200, CAL, LINE_RATE) == pytest.approx(on_b200)
+  # Blackwell Ultra's doubled exponential throughput halves the per-score part at the point; not at the high end.
+  gb300 = lambda scores: 4e12 / (GB300.peak_flops("bf16") * 0.6) + scores * (132 * 1.98) / (152 * 2.07)
+  assert roofline.kernel_seconds(kernel, GB300, CAL) == pytest.approx(gb300(1e-3 / 2))
+  assert roofline.kernel_seconds(kernel, GB300, CAL, LINE_RATE) == pytest.approx(gb300(1e-3))
+  tensor = dataclasses.replace(LINE_RATE, attention_scores="tensor")  # the low end: as the tensor-core peak scales
+  scaled = 1e-3 * H100.peak_flops("bf16") / GB300.peak_flops("bf16")
+  assert roofline.kernel_seconds(kernel, GB300, CAL, tensor) == pytest.approx(gb300(0) + scaled)
 
 
 def test_collectives_over_nvlink_and_the_network():
   inside = _kernel("collective", "all-reduce", collective={"nvlink_bytes": 9e9, "network_bytes": 0.0})
   across = _kernel("collective", "all-gather", collective={"nvlink_bytes": 9e9, "network_bytes": 1e9})
-  assert roofline.kernel_seconds(inside, GB300, CAL) == pytest.approx(9e9 / 900e9)
-  assert roofline.kernel_seconds(across, GB300, CAL) == pytest.approx(9e9 / 900e9 + 1e9 / 100e9)  # ConnectX-8
-  assert roofline.kernel_seconds(across, H100, CAL) == pytest.approx(9e9 / 450e9 + 1e9 / 50e9)  # NVLink 4, CX-7
+  assert roofline.kernel_seconds(inside, GB300, CAL, LINE_RATE) == pytest.approx(9e9 / 900e9)
+  assert roofline.kernel_seconds(across, GB300, CAL, LINE_RATE) == pytest.approx(9e9 / 900e9 + 1e9 / 100e9)  # CX-8
+  assert roofline.kernel_seconds(across, H100, CAL, LINE_RATE) == pytest.approx(9e9 / 450e9 + 1e9 / 50e9)  # CX-7
+  point = roofline.kernel_seconds(inside, GB300, CAL)  # the point: 85% of line rate (assumed)
+  assert point == pytest.approx(9e9 / 900e9 / roofline.POINT.collective_share)
 
 
-def test_estimate_adds_categories_and_counts_runs():
+def test_estimate_adds_categories_and_counts_runs_without_a_schedule():
   kernels = [
     _kernel("gemm", "bf16", flops=1e12, count=3),
     _kernel("elementwise", "fusion", nbytes=2e9, count=2),
@@ -66,10 +77,34 @@ def test_estimate_adds_categories_and_counts_runs():
   ms = est["ms_per_step"]
   assert ms["gemm"] == pytest.approx(3e3 * 1e12 / (H100.peak_flops("bf16") * 0.5))
   assert ms["elementwise"] == pytest.approx(2e3 * 2e9 / (H100.memory_bandwidth * 0.8))
-  assert ms["collectives"] == pytest.approx(1e3 * 1e9 / 450e9)
+  assert ms["collectives"] == pytest.approx(1e3 * 1e9 / 450e9 / 0.85) == ms["collectives_exposed"]
   assert ms["total"] == pytest.approx(ms["gemm"] + ms["elementwise"] + ms["attention"] + ms["collectives"])
   assert est["mfu"] == pytest.approx(2e12 / (ms["total"] / 1e3) / H100.peak_flops("bf16"))
   assert est["tokens_per_s_per_device"] == pytest.approx(8192 / (ms["total"] / 1e3))
+  assert est["model_tflops_per_s_per_device"] == pytest.approx(2e12 / (ms["total"] / 1e3) / 1e12)
+  low, high = est["range_ms"]["low"], est["range_ms"]["high"]
+  assert low < ms["total"] < high  # the collective at line rate, or at 70% of it
+  assert high - low == pytest.approx(1e3 * 1e9 / 450e9 * (1 / 0.7 - 1))
+  assert est["model_tflops_range"][0] < est["model_tflops_per_s_per_device"] < est["model_tflops_range"][1]
+
+
+def test_with_its_module_the_step_is_its_schedule():
+  from tests.aot.test_schedule import HLO  # pylint: disable=import-outside-toplevel
+
+  module = hlo.parse(HLO)
+  kernels = hlo.kernels(module, num_devices=8)
+  est = roofline.estimate(kernels, GB200, CAL, module=module)
+  ms = est["ms_per_step"]
+  assert est["scheduled"] and ms["total"] < ms["gemm"] + ms["elementwise"] + ms["attention"] + ms["collectives"]
+  assert ms["collectives_exposed"] + ms["collectives_hidden"] == pytest.approx(ms["collectives"])
+
+
+def test_the_constants_say_what_was_fitted_published_and_assumed():
+  found = roofline.constants()
+  assert set(found) == {"fitted", "published", "assumed"}
+  assert "8B-layer" in found["fitted"]["gemm"] and "1B-like" in found["fitted"]["attention, attention_score_ns"]
+  assert "Blackwell Ultra" in found["published"]["fp4_blackwell_ultra"]
+  assert set(found["assumed"]) == {"point", "low", "high", "nccl_sms"}
 
 
 def test_the_default_calibration_says_where_it_comes_from():

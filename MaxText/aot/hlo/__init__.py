@@ -28,6 +28,7 @@ from MaxText.aot.hlo.kernels import (
   kernels,
   summary,
 )
+from MaxText.aot.hlo import schedule
 from MaxText.aot.hlo.text import (
   BITS,
   Array,
@@ -65,6 +66,7 @@ __all__ = [
   "kernels",
   "parse",
   "replica_groups",
+  "schedule",
   "split_type",
   "summary",
   "trip_count",

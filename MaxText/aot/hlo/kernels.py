@@ -60,7 +60,7 @@ class Kernel:
   dtypes: tuple = ()  # a GEMM's operand element types
   collective: typing.Optional[dict] = None  # data bytes, group size, domains crossed
   scores: float = 0.0  # attention: scores (Q-K pairs) per run, times passes over them (forward 1, backward 2)
-  elements: float = 0.0  # a Pallas / TE kernel: elements of its largest operand (the tensor a quantizer reads)
+  elements: float = 0.0  # an elementwise kernel: elements of its largest operand or result (a quantizer's tensor)
   read_bytes: float = 0.0  # of `bytes`, those read
   code: typing.Any = None  # what its threads execute where the compiler's dump was read (aot.dump.Code)
 
@@ -354,8 +354,9 @@ def kernels(module, num_devices=1, devices_per_domain=None) -> list:
       kernel = Kernel(instr.name, instr.opcode, instr.target, category, kind, times, flops, 0.0, instr.op_name, dtypes)
       if category == "attention":
         kernel.scores = attention_work(module, instr)[1]
-      if kind in ("pallas", "te_kernel"):
-        kernel.elements = max((a.elements for arrays in module.operand_arrays(instr) for a in arrays), default=0)
+      if category == "elementwise":  # the largest array it reads or writes: what a quantizer's cost is counted per
+        operands = [a.elements for arrays in module.operand_arrays(instr) for a in arrays]
+        kernel.elements = max([*operands, *(a.elements for a in instr.shapes)], default=0)
       if category == "collective":
         kernel.collective = collective_info(module, instr, num_devices, devices_per_domain)
         kernel.bytes = kernel.collective["wire_bytes"]
