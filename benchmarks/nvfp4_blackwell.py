@@ -3,8 +3,10 @@ mode's train step compiled on the whole mesh by train_compile and estimated by i
 every kernel by its bytes or its instructions -- the PTX XLA emits --, the step as scheduled, collectives exposed or
 hidden, a range where a constant is uncertain). Every figure is a compiled estimate for gb200-8, never a measurement.
 
-    scripts/te/python.sh benchmarks/nvfp4_blackwell.py [--modes NAME,...] [--json out.json]
+    scripts/te/python.sh benchmarks/nvfp4_blackwell.py [--modes NAME,...] [--keep DIR] [--json out.json]
     python benchmarks/nvfp4_blackwell.py --from-json out.json     (the tables again, compiling nothing)
+    scripts/te/python.sh benchmarks/nvfp4_blackwell.py --reestimate out.json [--json new.json]
+                                                   (the steps --keep kept, costed by the model as it is now)
 
 Modes: bf16; FP8 current scaling on every Dense layer (Transformer Engine); our te_nvfp4 on every Dense layer
 (`quantization_backend=xla`: the Pallas quantizers writing E2M1 + E4M3 codes, cuDNN's block-scaled FP4 dot); the
@@ -75,25 +77,47 @@ def label(k):
   return f"{what} ({site})" if site else what
 
 
-def child(overrides, out):
+def child(overrides, out, keep=""):
   """Compiles the step with `overrides` (its own process) and writes train_compile's report with the quantization
-  kernels' rows."""
+  kernels' rows; `keep`: a directory to keep the step's optimized HLO and the compiler's dump in."""
   if "JAX_PLATFORMS" not in os.environ and not os.path.exists("/dev/nvidiactl"):
     os.environ["JAX_PLATFORMS"] = "cpu"  # as train_compile: the target's devices are compile-only
+  if keep:  # before jax starts: the dump stays where --reestimate finds it
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={keep}/dump".strip()
   from MaxText import config as config_lib, train_compile  # pylint: disable=import-outside-toplevel
   from MaxText.aot import roofline  # pylint: disable=import-outside-toplevel
 
   cfg = config_lib.load(str(REPO / STEP[0]), [*STEP[1:], *overrides])
   step, rep = train_compile.compile_and_report(cfg)
   rep["quantization_kernels"] = roofline.quantizer_kernels(step.kernels, step.gpu, label=label)
+  if keep:
+    pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
+    (pathlib.Path(keep) / "step.hlo").write_text(step.hlo_text, encoding="utf-8")
   pathlib.Path(out).write_text(json.dumps(rep) + "\n", encoding="utf-8")
 
 
-def compile_mode(overrides):
+def reestimate(record):
+  """The kept steps of a record costed again by the model as it is now: each report's estimate and kernel rows."""
+  from MaxText import config as config_lib  # pylint: disable=import-outside-toplevel
+  from MaxText.aot import roofline  # pylint: disable=import-outside-toplevel
+  from MaxText.trainer import aot_step  # pylint: disable=import-outside-toplevel
+
+  for mode, rep in record["reports"].items():
+    keep = record.get("kept", {}).get(mode)
+    if isinstance(rep, str) or not keep:
+      continue
+    cfg = config_lib.load(str(REPO / STEP[0]), [*STEP[1:], *record["modes"][mode]])
+    step = aot_step.from_saved(cfg, pathlib.Path(keep) / "step.hlo", pathlib.Path(keep) / "dump")
+    rep["estimate"] = step.estimate()
+    rep["quantization_kernels"] = roofline.quantizer_kernels(step.kernels, step.gpu, label=label)
+  return record
+
+
+def compile_mode(overrides, keep=""):
   """The child's report (dict), or its error line."""
   with tempfile.TemporaryDirectory() as tmp:
     out = pathlib.Path(tmp) / "r.json"
-    argv = [sys.executable, __file__, "--child", str(out), *overrides]
+    argv = [sys.executable, __file__, "--child", str(out), keep, *overrides]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False, env=dict(os.environ))
     if not out.exists():
       lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -174,24 +198,32 @@ def tables(reports):
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   if argv and argv[0] == "--child":
-    return child(argv[2:], argv[1])
+    return child(argv[3:], argv[1], argv[2])
   parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
   parser.add_argument("--modes", help="comma-separated mode names to compile (default: all)")
   parser.add_argument("--json", help="write every report here")
   parser.add_argument("--from-json", help="print the tables of a JSON this wrote, compiling nothing")
+  parser.add_argument("--keep", help="keep each mode's optimized HLO and the compiler's dump under this directory")
+  parser.add_argument("--reestimate", help="a JSON this wrote with --keep: its steps costed by today's model")
   args = parser.parse_args(argv)
-  if args.from_json:
-    tables(json.loads(pathlib.Path(args.from_json).read_text(encoding="utf-8"))["reports"])
+  if args.from_json or args.reestimate:
+    record = json.loads(pathlib.Path(args.from_json or args.reestimate).read_text(encoding="utf-8"))
+    if args.reestimate:
+      record = {**reestimate(record), "estimated_at": provenance.commit(mark_dirty=True)}
+      if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(record) + "\n", encoding="utf-8")
+    tables(record["reports"])
     return 0
   commit = provenance.commit(mark_dirty=True)
   print(f"benchmarks/nvfp4_blackwell.py at commit {commit}: train_compile's estimate, {' '.join(STEP)}")
-  reports = {}
-  for mode, overrides in MODES.items():
+  reports, kept = {}, {}
+  for number, (mode, overrides) in enumerate(MODES.items()):
     if args.modes is None or mode in args.modes.split(","):
-      reports[mode] = compile_mode(overrides)
+      kept[mode] = str(pathlib.Path(args.keep).resolve() / f"{number}") if args.keep else ""
+      reports[mode] = compile_mode(overrides, kept[mode])
       print(f"  compiled {mode}", file=sys.stderr, flush=True)
       if args.json:
-        record = {"commit": commit, "step": STEP, "modes": MODES, "reports": reports}
+        record = {"commit": commit, "step": STEP, "modes": MODES, "reports": reports, "kept": kept}
         pathlib.Path(args.json).write_text(json.dumps(record) + "\n", encoding="utf-8")
   tables(reports)
   return 0

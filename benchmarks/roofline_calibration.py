@@ -29,6 +29,7 @@ if "JAX_PLATFORMS" not in os.environ and not os.path.exists("/dev/nvidiactl"):
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import provenance  # noqa: E402
 from MaxText import config  # noqa: E402
 from MaxText.aot import devices as aot_devices, dump, hlo, roofline, targets  # noqa: E402
 from MaxText.trainer import aot_step  # noqa: E402
@@ -115,18 +116,18 @@ def measured_rows():
   return rows
 
 
-def compiled(config_path, overrides):
-  """The step compiled for h100-1 (aot_step.CompiledStep)."""
-  cfg = config.load(config_path, overrides)
-  return aot_step.compile_for_target(cfg, targets.parse("h100-1"))
+def compiled(config_path, overrides, gpu_name="h100"):
+  """The step compiled for one `gpu_name` (aot_step.CompiledStep)."""
+  cfg = config.load(config_path, [*overrides, f"compile_topology={gpu_name}-1"])
+  return aot_step.compile_for_target(cfg, targets.parse(f"{gpu_name}-1"))
 
 
-def attention_alone_kernels():
+def attention_alone_kernels(gpu_name="h100"):
   """cuDNN causal attention forward + backward of one layer at the 8B-layer shape (the attention bench's 'cudnn')."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
-  devices = aot_devices.for_target(targets.parse("h100-1"))
+  devices = aot_devices.for_target(targets.parse(f"{gpu_name}-1"))
   mesh = jax.sharding.Mesh(devices, ("d",))
   shard = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   q = jax.ShapeDtypeStruct((2, 8192, 32, 128), jnp.bfloat16, sharding=shard)
@@ -275,11 +276,126 @@ def print_quantizers(rows):
     )
 
 
+# -- predictions for `make gpu-bench` ------------------------------------------------------------------------------
+
+PREDICTIONS = REPO / "benchmarks" / "results" / "gpu_bench_predictions"
+# How the bench runs each mode on a GPU host: its overrides (benchmarks/modes.py), on the backend `auto` takes
+# where Transformer Engine is not installed (the emulated one), the default kernels and remat policy.
+BENCH_HOST = ["quantization_backend=emulate"]
+
+
+def _metric(part, name, subject, estimate, unit, low=None, high=None):
+  return {"part": part, "name": name, "subject": subject, "value": estimate, "unit": unit, "range": [low, high]}
+
+
+def predict_throughput(gpu, part, config_path):
+  """The throughput part's predictions: device ms per step (point and range) and step memory, per mode."""
+  from benchmarks import gpu_bench, modes  # pylint: disable=import-outside-toplevel
+
+  out = []
+  for mode in gpu_bench.MODES:
+    overrides = modes.parse_mode(mode)[1] + (BENCH_HOST if mode != "bf16" else [])
+    print(f"compiling {part} {mode} for {gpu.name}-1 ...", flush=True)
+    step = compiled(config_path, overrides, gpu.name)
+    est = step.estimate()
+    ms = est["ms_per_step"]
+    out.append(
+      _metric(part, "device time per step", mode, ms["total"], "ms", est["range_ms"]["low"], est["range_ms"]["high"])
+    )
+    out.append(_metric(part, "step memory", mode, step.memory["peak_bytes"], "bytes"))
+  return out
+
+
+def predict_attention(gpu):
+  """The attention part's prediction: cuDNN alone, forward + backward of one 8B layer."""
+  kernels = attention_alone_kernels(gpu.name)
+  point = by_category(kernels, gpu, roofline.DEFAULT)["attention"]
+  ends = [
+    sum(roofline.kernel_seconds(k, gpu, roofline.DEFAULT, roofline.SCENARIOS[e]) for k in kernels) * 1e3
+    for e in ("low", "high")
+  ]
+  return [_metric("attention", "fwd+bwd per layer", "cudnn", point, "ms", *ends)]
+
+
+def predict_quantize(gpu):
+  """The quantize part's predictions: every quantizer's time on [8192, 16384], per implementation."""
+  from benchmarks import quantize_bench  # pylint: disable=import-outside-toplevel
+
+  out = []
+  for name in quantize_bench.QUANTIZERS:
+    for impl in ("xla", "pallas"):
+      kernels = quantizer_kernels(name, impl, gpu)
+      estimate = sum(roofline.kernel_seconds(k, gpu, roofline.DEFAULT) * k.count for k in kernels) * 1e3
+      out.append(_metric("quantize", "time", f"{name} [{impl}]", estimate, "ms"))
+  return out
+
+
+def predict_gpu_bench(gpu_name):
+  """{gpu, commit, what, metrics} of every `make gpu-bench` configuration on one `gpu_name`, before it runs."""
+  gpu = targets.GPUS[gpu_name]
+  metrics = predict_quantize(gpu) + predict_attention(gpu)
+  metrics += predict_throughput(gpu, "throughput-8b", BENCH_8B) + predict_throughput(gpu, "throughput-1b", BENCH_1B)
+  return {
+    "gpu": gpu.description,
+    "commit": provenance.commit(mark_dirty=True),
+    "what": f"compiled estimates for {gpu_name}-1 (train_compile's model), written before any GPU ran them; "
+    "the restart part is not predicted (compile time)",
+    "assumes": "the bench on a GPU host without Transformer Engine (te_* modes on the emulated backend), default "
+    "kernels and remat policy; device time per step, not wall time",
+    "constants": roofline.constants(),
+    "metrics": metrics,
+  }
+
+
+def score(measured_dir, predictions_path):
+  """Each measured metric (DIR/PART.json of gpu_bench) beside its prediction: [(part, name, subject, predicted,
+  measured, measured / predicted, whether inside the predicted range)]."""
+  predicted = json.loads(pathlib.Path(predictions_path).read_text(encoding="utf-8"))["metrics"]
+  out = []
+  for p in predicted:
+    path = pathlib.Path(measured_dir) / f"{p['part']}.json"
+    if not path.exists():
+      continue
+    found = [
+      m
+      for m in json.loads(path.read_text(encoding="utf-8"))["metrics"]
+      if (m["name"], m["subject"]) == (p["name"], p["subject"])
+    ]
+    if found and found[0]["value"]:
+      value = found[0]["value"]
+      low, high = p["range"]
+      inside = None if low is None else low <= value <= high
+      out.append((p["part"], p["name"], p["subject"], p["value"], value, value / p["value"], inside))
+  return out
+
+
+def print_score(rows):
+  print("| part | metric | subject | predicted | measured | measured / predicted | inside the range |")
+  print("|---|---|---|---:|---:|---:|---|")
+  for part, name, subject, predicted, measured, ratio, inside in rows:
+    print(
+      f"| {part} | {name} | {subject} | {predicted:.4g} | {measured:.4g} | {ratio:.2f} | "
+      f"{'-' if inside is None else inside} |"
+    )
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
   parser.add_argument("--json", help="write the rows and the fit here")
   parser.add_argument("--quantizers-only", action="store_true", help="only the quantizer rows (no step compiles)")
+  parser.add_argument("--predict-gpu-bench", metavar="GPU", help="write every gpu-bench configuration's prediction")
+  parser.add_argument("--score", nargs=2, metavar=("MEASURED_DIR", "PREDICTIONS"), help="measured vs predicted")
   args = parser.parse_args(argv)
+  if args.score:
+    print_score(score(*args.score))
+    return 0
+  if args.predict_gpu_bench:
+    out = predict_gpu_bench(args.predict_gpu_bench)
+    path = pathlib.Path(args.json or PREDICTIONS / f"{args.predict_gpu_bench}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    print(f"predictions: {path}")
+    return 0
   gpu = targets.GPUS["h100"]
   out = {"quantizers": quantizer_rows(gpu, roofline.DEFAULT)}
   print_quantizers(out["quantizers"])

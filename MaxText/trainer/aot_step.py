@@ -12,6 +12,7 @@ $XLA_FLAGS sets them.
 import contextlib
 import dataclasses
 import os
+import pathlib
 import time
 import typing
 
@@ -203,6 +204,33 @@ def compile_for_target(cfg, target):
   devices = aot_devices.for_target(target)
   return compile_step(
     cfg, devices, target.gpu, target_name=target.name, compile_only=True, devices_per_domain=target.gpus_per_slice
+  )
+
+
+def from_saved(cfg, hlo_path, dump_dir):
+  """The CompiledStep of a step compiled before for cfg.compile_topology, from its optimized HLO (compile_hlo) and
+  the compiler's dump (XLA_FLAGS=--xla_dump_to): its kernels and schedule costed by the model as it is now, without
+  compiling (memory: not in these files, so empty)."""
+  target = named_target(cfg)
+  module = hlo.parse(pathlib.Path(hlo_path).read_text(encoding="utf-8"))
+  kernel_list = hlo.kernels(module, target.num_devices, target.gpus_per_slice)
+  code = dump.read(dump_dir)
+  for kernel in kernel_list:
+    kernel.code = code.get(kernel.name)
+  run_shape = RunShape.of(cfg, target.num_devices)
+  return CompiledStep(
+    target=target.name,
+    gpu=target.gpu,
+    num_devices=target.num_devices,
+    mesh={},
+    memory={},
+    kernels=kernel_list,
+    hlo_text="",
+    module=module,
+    seconds=0.0,
+    backends={},
+    flops_per_device=accounting.training_flops_per_device(cfg).total,
+    tokens_per_device=run_shape.tokens_per_step / target.num_devices,
   )
 
 
