@@ -50,42 +50,22 @@ SETUPS = [
     "gb200",
     "configs/gb200/llama3_8b",
     ["compile_topology=gb200-4"],
-    {
-      "batch 2, remat minimal_with_context": ["per_device_batch_size=2", "remat_policy=minimal_with_context"],
-      "batch 4, lm head untiled": ["num_vocab_tiling=1"],
-      "batch 2, remat minimal": ["per_device_batch_size=2"],
-    },
+    {"batch 2, remat minimal_with_context": ["per_device_batch_size=2", "remat_policy=minimal_with_context"]},
   ),
   (
     "Llama 3 8B",
     "gb300",
     "configs/gb300/llama3_8b",
     ["compile_topology=gb300-4"],
-    {
-      "remat minimal": ["remat_policy=minimal"],
-      "batch 6, remat minimal": ["per_device_batch_size=6", "remat_policy=minimal"],
-    },
+    {"batch 6, remat minimal": ["per_device_batch_size=6", "remat_policy=minimal"]},
   ),
-  (
-    "Llama 3.1 405B",
-    "gb200",
-    "configs/gb200/llama3.1_405b",
-    ["compile_topology=gb200-64", *TWO_DOMAINS],
-    {"fsdp 32 x tensor 4": ["ici_fsdp_parallelism=1", "ici_tensor_parallelism=4"]},
-  ),
+  ("Llama 3.1 405B", "gb200", "configs/gb200/llama3.1_405b", ["compile_topology=gb200-64", *TWO_DOMAINS], {}),
   (
     "Llama 3.1 405B",
     "gb300",
     "configs/gb300/llama3.1_405b",
     ["compile_topology=gb300-64", *TWO_DOMAINS],
-    {
-      "batch 2": ["per_device_batch_size=2"],
-      "fsdp 32 x tensor 4, remat minimal": [
-        "ici_fsdp_parallelism=1",
-        "ici_tensor_parallelism=4",
-        "remat_policy=minimal",
-      ],
-    },
+    {"batch 2": ["per_device_batch_size=2"]},
   ),
 ]
 MODES = {"fp8": "_fp8.yml", "nvfp4": "_nvfp4.yml"}

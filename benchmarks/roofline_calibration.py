@@ -347,10 +347,27 @@ def predict_gpu_bench(gpu_name):
   }
 
 
+def predictions_for(measured_dir, predictions):
+  """The predictions file for a measured run: `predictions` itself, or in that directory the one of the GPU the
+  run's JSONs name (machine.device), None where there is none."""
+  predictions = pathlib.Path(predictions)
+  if predictions.is_file():
+    return predictions
+  for part in sorted(pathlib.Path(measured_dir).glob("*.json")):
+    device = json.loads(part.read_text(encoding="utf-8")).get("machine", {}).get("device", "")
+    gpu = targets.of_device_kind(device)
+    if gpu is not None and (predictions / f"{gpu.name}.json").is_file():
+      return predictions / f"{gpu.name}.json"
+  return None
+
+
 def score(measured_dir, predictions_path):
   """Each measured metric (DIR/PART.json of gpu_bench) beside its prediction: [(part, name, subject, predicted,
   measured, measured / predicted, whether inside the predicted range)]."""
-  predicted = json.loads(pathlib.Path(predictions_path).read_text(encoding="utf-8"))["metrics"]
+  path = predictions_for(measured_dir, predictions_path)
+  if path is None:
+    return []
+  predicted = json.loads(path.read_text(encoding="utf-8"))["metrics"]
   out = []
   for p in predicted:
     path = pathlib.Path(measured_dir) / f"{p['part']}.json"
@@ -387,7 +404,8 @@ def main(argv=None):
   parser.add_argument("--score", nargs=2, metavar=("MEASURED_DIR", "PREDICTIONS"), help="measured vs predicted")
   args = parser.parse_args(argv)
   if args.score:
-    print_score(score(*args.score))
+    rows = score(*args.score)
+    print_score(rows) if rows else print(f"no predictions in {args.score[1]} for the GPU of {args.score[0]}")
     return 0
   if args.predict_gpu_bench:
     out = predict_gpu_bench(args.predict_gpu_bench)

@@ -13,13 +13,17 @@ h100-2026-11-27/): `benchmarks/roofline_calibration.py` fits them and prints how
 cost from it together with the 1B-like bf16 step (head dim 128 vs 64: two unknowns need both). They are shares of
 each target's own peaks (aot/targets.py): an assumption until a Blackwell is measured.
 
+Attention on another GPU scales with its bf16 tensor-core peak, as published attention kernels do from H100 to B200
+(FlashAttention-3, arXiv 2407.08608: up to 740 TFLOP/s on an H100; FlashAttention-4, arXiv 2603.05451: up to
+1,605 on a B200, 2.2x for 2.25x the peak), less the gap FlashAttention-4 measured to cuDNN 9.13 on Blackwell (up to
+1.3x) which it puts on the exponential units: on a Blackwell GPU cuDNN's attention takes `attention_gap` times the
+scaled time, the part of the gap beyond 1 shrinking with the GPU's exponential throughput (Blackwell Ultra doubles
+it, aot.targets).
+
 Where a constant is uncertain the estimate is a range (SCENARIOS; `low` the fastest, `high` the slowest): the share
 of link bandwidth collectives reach (assumed, no multi-GPU measurement: 0.7 to 1.0, point 0.85), how much compute
-slows beside a running collective (0 to the SMs NCCL may take, point 0), and how attention's per-score (softmax)
-cost moves to another GPU -- with the GPU's exponential throughput, SMs x clock x exp2 per SM per clock (point:
-Blackwell Ultra's doubled SFU rate counts), with SMs x clock alone (high), or with the tensor-core peak as published
-attention kernels do from H100 to B200 (low: FlashAttention-3's 740 to FlashAttention-4's 1,605 TFLOP/s, 2.2x for
-2.25x the peak).
+slows beside a running collective (0 to the SMs NCCL may take, point 0), and cuDNN's attention gap on Blackwell
+(1.0 to 1.3, point 1.15).
 
 Every kernel whose code the compiler's dump shows (XLA's fusions and the Pallas kernels: aot.dump, aot.ptx) takes
 the longer of its bytes' time and its instruction time (aot.instructions: each thread's instructions by execution
@@ -61,18 +65,19 @@ DEFAULT = H100_2026_11_27
 @dataclasses.dataclass(frozen=True)
 class Scenario:
   """The uncertain constants, one choice each: link share of collectives, compute slowdown beside a running
-  collective (a share of its time), and what attention's per-score cost scales with ('exp', 'sm_clock', 'tensor')."""
+  collective (a share of its time; None: NCCL_SMS of the GPU's SMs), and cuDNN attention's time on Blackwell over
+  the tensor-peak-scaled time (at 16 exponentials per SM per clock)."""
 
   collective_share: float
   overlap_slowdown: float
-  attention_scores: str
+  attention_gap: float
 
 
 NCCL_SMS = 16  # assumed: the SMs NCCL's collectives occupy at most while they run beside compute
 SCENARIOS = {
-  "point": Scenario(0.85, 0.0, "exp"),
-  "low": Scenario(1.0, 0.0, "tensor"),
-  "high": Scenario(0.7, None, "sm_clock"),  # None: NCCL_SMS of the GPU's SMs
+  "point": Scenario(0.85, 0.0, 1.15),
+  "low": Scenario(1.0, 0.0, 1.0),
+  "high": Scenario(0.7, None, 1.3),
 }
 POINT = SCENARIOS["point"]
 # cuBLAS / cuDNN run a GEMM on the tensor-core rate of its operands; fp4 and the MX block-scaled dots on their own.
@@ -106,9 +111,11 @@ def kernel_seconds(kernel, gpu, calibration=DEFAULT, scenario=POINT):
     return max(kernel.flops / (gpu.peak_flops(dtype) * calibration.gemm), memory_time)
   if kernel.category == "attention":
     compute = kernel.flops / (gpu.peak_flops("bf16") * calibration.attention)
-    rate = lambda g: _score_rate(g, scenario.attention_scores)
-    scores = kernel.scores * calibration.attention_score_ns * 1e-9 * rate(calibration.score_gpu) / rate(gpu)
-    return max(compute + scores, memory_time)
+    reference = targets.GPUS[calibration.score_gpu]
+    scores = (
+      kernel.scores * calibration.attention_score_ns * 1e-9 * reference.peak_flops("bf16") / gpu.peak_flops("bf16")
+    )
+    return max((compute + scores) * attention_gap(gpu, scenario), memory_time)
   if kernel.code is not None:
     return max(memory_time, instructions.seconds(kernel.code, kernel.read_bytes, gpu)[0])
   if kernel.category == "collective":
@@ -169,13 +176,18 @@ def _per_element(row):
   return out
 
 
-def _score_rate(gpu, scaling):
-  """What attention's per-score work runs at on `gpu` (relative): its exp2 throughput, SMs x clock, or its bf16
-  tensor-core peak."""
-  gpu = targets.GPUS[gpu] if isinstance(gpu, str) else gpu
-  if scaling == "tensor":
-    return gpu.peak_flops("bf16")
-  return gpu.core_count * gpu.clock_ghz * (gpu.exp_per_clock if scaling == "exp" else 1)
+def attention_gap(gpu, scenario=POINT):
+  """cuDNN attention's time on `gpu` over the tensor-peak-scaled time: 1 before Blackwell (the fit's generation), on
+  Blackwell the scenario's gap, its excess over 1 in proportion to 16 / the GPU's exponentials per SM per clock."""
+  if gpu.sm < 100:
+    return 1.0
+  return 1.0 + (scenario.attention_gap - 1.0) * 16 / gpu.exp_per_clock
+
+
+ATTENTION_SOURCES = (
+  "FlashAttention-3 (arXiv 2407.08608): up to 740 TFLOP/s bf16 on H100; FlashAttention-4 (arXiv 2603.05451): up to "
+  "1,605 TFLOP/s bf16 on B200, up to 1.3x cuDNN 9.13, the exponential units its forward's bottleneck"
+)
 
 
 def constants(calibration=DEFAULT):
@@ -189,7 +201,7 @@ def constants(calibration=DEFAULT):
       "attention, attention_score_ns": f"{calibration.attention}, {calibration.attention_score_ns}: attention time "
       f"of the {fitted_on} and of the 1B-like bench step in bf16",
     },
-    "published": {**targets.SOURCES, "instructions": instructions.SOURCE},
+    "published": {**targets.SOURCES, "instructions": instructions.SOURCE, "attention": ATTENTION_SOURCES},
     "assumed": {name: dataclasses.asdict(s) for name, s in SCENARIOS.items()} | {"nccl_sms": NCCL_SMS},
   }
 
