@@ -57,7 +57,7 @@ SETUPS = [
     "gb300",
     "configs/gb300/llama3_8b",
     ["compile_topology=gb300-4"],
-    {"batch 6, remat minimal": ["per_device_batch_size=6", "remat_policy=minimal"]},
+    {"batch 5, remat minimal": ["per_device_batch_size=5", "remat_policy=minimal"]},
   ),
   ("Llama 3.1 405B", "gb200", "configs/gb200/llama3.1_405b", ["compile_topology=gb200-64", *TWO_DOMAINS], {}),
   (

@@ -163,33 +163,43 @@ def compile_step(
       compiled, code = dump.compile_reading_code(lowered, xla_options)
     else:
       compiled, code = lowered.compile(compiler_options=xla_options or None), {}
+  text = compiled.as_text()
+  domain = devices_per_domain or len(devices) // len({d.process_index for d in devices})
+  module = hlo.parse(text)
+  return CompiledStep(
+    target=target_name or devices[0].device_kind,
+    gpu=gpu,
+    num_devices=len(devices),
+    mesh=dict(mesh.shape),
+    memory=_step_memory(compiled, gpu, devices, compile_only),
+    kernels=_kernels_with_code(module, code, len(devices), domain),
+    hlo_text=text,
+    module=module,
+    seconds=time.perf_counter() - start,
+    backends=used,
+    flops_per_device=accounting.training_flops_per_device(cfg).total,
+    tokens_per_device=run_shape.tokens_per_step / len(devices),
+  )
+
+
+def _step_memory(compiled, gpu, devices, compile_only):
+  """XLA's memory analysis of the compiled step with what the device has and leaves it (its bytes, and the share
+  jax's allocator takes: a target's at the memory fraction, this machine's as its allocator reports)."""
   memory = compiled_memory(compiled) or {}
   if compile_only:
     device_bytes = gpu.device_memory_size if gpu is not None else 0
     memory["device_bytes"], memory["available_bytes"] = device_bytes, int(device_bytes * memory_fraction())
   else:  # this machine's devices: what jax's allocator has (its limit, the memory fraction applied)
     memory["device_bytes"] = memory["available_bytes"] = _local_bytes_limit(devices)
-  text = compiled.as_text()
-  domain = devices_per_domain or len(devices) // len({d.process_index for d in devices})
-  module = hlo.parse(text)
-  kernel_list = hlo.kernels(module, len(devices), domain)
+  return memory
+
+
+def _kernels_with_code(module, code, num_devices, devices_per_domain):
+  """The module's kernels (hlo.kernels), each with its code from the compiler's dump where there is some."""
+  kernel_list = hlo.kernels(module, num_devices, devices_per_domain)
   for kernel in kernel_list:
     kernel.code = code.get(kernel.name)
-  flops = accounting.training_flops_per_device(cfg).total
-  return CompiledStep(
-    target=target_name or devices[0].device_kind,
-    gpu=gpu,
-    num_devices=len(devices),
-    mesh=dict(mesh.shape),
-    memory=memory,
-    kernels=kernel_list,
-    hlo_text=text,
-    module=module,
-    seconds=time.perf_counter() - start,
-    backends=used,
-    flops_per_device=flops,
-    tokens_per_device=run_shape.tokens_per_step / len(devices),
-  )
+  return kernel_list
 
 
 def _local_bytes_limit(devices):
@@ -213,10 +223,7 @@ def from_saved(cfg, hlo_path, dump_dir):
   compiling (memory: not in these files, so empty)."""
   target = named_target(cfg)
   module = hlo.parse(pathlib.Path(hlo_path).read_text(encoding="utf-8"))
-  kernel_list = hlo.kernels(module, target.num_devices, target.gpus_per_slice)
-  code = dump.read(dump_dir)
-  for kernel in kernel_list:
-    kernel.code = code.get(kernel.name)
+  kernel_list = _kernels_with_code(module, dump.read(dump_dir), target.num_devices, target.gpus_per_slice)
   run_shape = RunShape.of(cfg, target.num_devices)
   return CompiledStep(
     target=target.name,
