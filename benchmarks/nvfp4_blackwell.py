@@ -8,14 +8,14 @@ hidden, a range where a constant is uncertain). Every figure is a compiled estim
     scripts/te/python.sh benchmarks/nvfp4_blackwell.py --reestimate out.json [--json new.json]
                                                    (the steps --keep kept, costed by the model as it is now)
 
-Modes: bf16; FP8 current scaling on every Dense layer (Transformer Engine); our te_nvfp4 on every Dense layer
-(`quantization_backend=xla`: the Pallas quantizers writing E2M1 + E4M3 codes, cuDNN's block-scaled FP4 dot); the
-seeds' recipe (ours on the MLP GEMMs, Transformer Engine's FP8 on the attention projections); Transformer Engine's
-own te_nvfp4 on every Dense layer, the peer. Tables: each mode's step (point and range), against bf16 and against
-FP8, model TFLOP/s per GPU, GEMM, non-GEMM and collective time (exposed / hidden); then every quantization kernel of
-the NVFP4 modes with its instructions and bytes per element and what bounds it on a GB200 (a Transformer Engine
-kernel, whose code is not read, by its bytes: a lower bound); then the goals (ours all-dense >= 1.15x FP8's speed,
-the seeds' recipe >= 1.5x bf16's).
+Modes: bf16; FP8 current scaling on every Dense layer (Transformer Engine's, named: `auto` may take another); our
+te_nvfp4 on every Dense layer (`quantization_backend=xla`: the Pallas quantizers writing E2M1 + E4M3 codes, cuDNN's
+block-scaled FP4 dot); the seeds' recipe (ours on the MLP GEMMs, Transformer Engine's FP8 on the attention
+projections); Transformer Engine's own te_nvfp4 on every Dense layer, the peer. Tables: each mode's step (point and
+range), against bf16 and against FP8, model TFLOP/s per GPU, GEMM, non-GEMM and collective time (exposed / hidden);
+then every quantization kernel of the NVFP4 modes with its instructions and bytes per element and what bounds it on
+a GB200 (a Transformer Engine kernel, whose code is not read, by its bytes: a lower bound); then the goals (ours
+all-dense >= 1.15x FP8's speed, the seeds' recipe >= 1.5x bf16's).
 """
 
 import argparse
@@ -47,7 +47,7 @@ OURS = "te_nvfp4 all-dense"
 SEEDS = "seeds' recipe"
 MODES = {
   "bf16": ["quantization="],
-  FP8: ["quantization=te_fp8_currentscaling", *ALL_DENSE],
+  FP8: ["quantization=te_fp8_currentscaling", *ALL_DENSE, "quantization_backend=te"],
   OURS: ["quantization=te_nvfp4", *ALL_DENSE, "quantization_backend=xla"],
   SEEDS: [
     "quantization=te_nvfp4",
