@@ -50,7 +50,10 @@ SETUPS = [
     "gb200",
     "configs/gb200/llama3_8b",
     ["compile_topology=gb200-4"],
-    {"batch 2, remat minimal_with_context": ["per_device_batch_size=2", "remat_policy=minimal_with_context"]},
+    {
+      "batch 2": ["per_device_batch_size=2"],
+      "batch 4, remat minimal": ["per_device_batch_size=4", "remat_policy=minimal"],
+    },
   ),
   (
     "Llama 3 8B",
@@ -59,13 +62,19 @@ SETUPS = [
     ["compile_topology=gb300-4"],
     {"batch 5, remat minimal": ["per_device_batch_size=5", "remat_policy=minimal"]},
   ),
-  ("Llama 3.1 405B", "gb200", "configs/gb200/llama3.1_405b", ["compile_topology=gb200-64", *TWO_DOMAINS], {}),
+  (
+    "Llama 3.1 405B",
+    "gb200",
+    "configs/gb200/llama3.1_405b",
+    ["compile_topology=gb200-64", *TWO_DOMAINS],
+    {"batch 2": ["per_device_batch_size=2"]},
+  ),
   (
     "Llama 3.1 405B",
     "gb300",
     "configs/gb300/llama3.1_405b",
     ["compile_topology=gb300-64", *TWO_DOMAINS],
-    {"batch 2": ["per_device_batch_size=2"]},
+    {"batch 1": ["per_device_batch_size=1"]},
   ),
 ]
 MODES = {"fp8": "_fp8.yml", "nvfp4": "_nvfp4.yml"}
