@@ -183,9 +183,9 @@ def fit(k8, m8, k1, m1, gpu):
 QUANTIZE_SHAPE = (8192, 16384)  # the quantize part's operand
 
 
-def quantizer_kernels(name, impl, gpu):
+def quantizer_kernels(name, impl, gpu, compiler_options=None):
   """The kernels of quantize_bench's quantizer `name` on implementation `impl` (xla | pallas), compiled for one
-  `gpu` as the bench ran it, each with its code (the compiler's dump)."""
+  `gpu` as the bench ran it (the project's GPU flags, and `compiler_options`), each with its code (the dump)."""
   import jax  # pylint: disable=import-outside-toplevel
   from benchmarks import quantize_bench  # pylint: disable=import-outside-toplevel
   from MaxText.quantization import target as quant_target  # pylint: disable=import-outside-toplevel
@@ -198,7 +198,8 @@ def quantizer_kernels(name, impl, gpu):
   k = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=shard)
   with quant_target.compiling_for(gpu.sm, 1), jax.default_device(devices[0]):
     lowered = quantize_bench._quantizer_fn(name, impl).lower(x, k)  # pylint: disable=protected-access
-    compiled, code = dump.compile_reading_code(lowered, xla_flags.compiler_options(1))
+    options = {**xla_flags.compiler_options(1), **(compiler_options or {})}
+    compiled, code = dump.compile_reading_code(lowered, options)
   kernels = hlo.kernels(hlo.parse(compiled.as_text()))
   for kernel in kernels:
     kernel.code = code.get(kernel.name)
