@@ -8,8 +8,10 @@ kernels and an estimate of its speed, before any GPU is used (MaxText's train_co
 compile_topology: h100-N, h200-N, b200-N, gb200-N, b300-N, gb300-N (N GPUs in one NVLink domain) or a3 (= h100-8);
 compile_topology_num_slices=S: S such domains (hosts, for HGX), their processes split by the dcn_* axes. Prints the
 compiled step's memory per device, its GEMMs by kind (bf16, fp8, fp4_block_scaled, mxfp8_block_scaled, te, triton,
-naive_loop), its collectives and a roofline estimate of its time (calibrated on one H100: a compiled estimate, never a
-measurement); writes them as JSON to compile_report and the optimized HLO to compile_hlo. A step over the target's
+naive_loop), its collectives, an estimate of its time as scheduled (collectives exposed and hidden behind compute, a
+range beside the point; constants fitted on one H100, the targets' published rates: a compiled estimate, never a
+measurement) and each quantizer kernel's instructions and bytes per element from the PTX compiled for the target;
+writes them as JSON to compile_report and the optimized HLO to compile_hlo. A step over the target's
 memory is one line on stderr and exit code 2 (the report is still written).
 """
 

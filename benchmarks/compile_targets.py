@@ -1,16 +1,18 @@
-"""The bench configs and the project's target setups compiled for their GPUs, in bf16, FP8 and NVFP4: memory per
-device, GEMMs by kind, collectives and the roofline estimate, one table. Every figure is a compiled estimate for its
-target (train_compile: deviceless, on this machine), never a measurement.
+"""The published NVFP4 benchmark's four setups compiled with our presets (configs/gb200, configs/gb300): FP8 current
+scaling and NVFP4 with the same parallelism and batch, each step compiled for its GPUs by train_compile and
+estimated by its model (MaxText/aot/roofline.py), beside the published per-GPU model TFLOP/s and their NVFP4/FP8
+ratio. Every figure of ours is a compiled estimate for its target (deviceless, on this machine), never a measurement.
 
-    scripts/te/python.sh benchmarks/compile_targets.py [--only SUBSTRING] [--json out.json]
+    scripts/te/python.sh benchmarks/compile_targets.py [--only SUBSTRING] [--candidates] [--keep DIR] [--json out.json]
+    python benchmarks/compile_targets.py --from-json out.json        (the tables again, compiling nothing)
+    scripts/te/python.sh benchmarks/compile_targets.py --reestimate out.json   (the kept programs, today's model)
 
-Rows: the two single-GPU bench configs on h100-1 and b200-1; Llama 3 8B on 8 GB200 and on 8 GB300 GPUs (the
-configs/gb200|gb300 presets, two 4-GPU trays of one NVL72 domain, data parallel across them as submit.sh makes a
-2-node job); Llama 3.1 405B on 128 GB300 GPUs (configs/gb300/llama3.1_405b_*.yml: 32 trays of 4, two NVL72 domains
-of 64). Modes: bf16, FP8 (te_fp8_currentscaling) and te_nvfp4 with the backend the target takes (auto: Transformer
-Engine where importable and supported), FP8 also emulated (XLA's own FP8 GEMMs), te_nvfp4 also on the xla backend
-on Blackwell. A row whose step doesn't compile says why in one line (the compiler's or Python's error). Each row is
-its own `python -m MaxText.train_compile` process (memory freed between rows).
+Published (NVIDIA technical blog "Train Models Faster with JAX and MaxText Using NVFP4 on NVIDIA Blackwell", 2026;
+Llama 3 8B and Llama 3.1 405B at sequence 8,192, FP8 and NVFP4 at the same parallelism and batch): per-GPU model
+TFLOP/s, FP8 -> NVFP4. `--candidates` also compiles each setup's alternative presets in NVFP4 (the remat policy,
+batch per GPU, vocabulary tiling the estimate chose among), the table that chose the preset. `--keep DIR` keeps each
+step's optimized HLO and the compiler's dump there, so `--reestimate` can cost them again with the model as it is
+now without compiling. Each row is its own process (memory freed between rows).
 """
 
 import argparse
@@ -29,54 +31,80 @@ sys.path.insert(0, str(REPO))
 from benchmarks import provenance  # noqa: E402
 
 GIB = 2**30
-MODES = {
-  "bf16": ["quantization="],
-  "fp8": ["quantization=te_fp8_currentscaling"],
-  "fp8 emulate": ["quantization=te_fp8_currentscaling", "quantization_backend=emulate"],
-  "te_nvfp4": ["quantization=te_nvfp4"],
-  "te_nvfp4 xla": ["quantization=te_nvfp4", "quantization_backend=xla"],
+SOURCE = (
+  "NVIDIA technical blog 'Train Models Faster with JAX and MaxText Using NVFP4 on NVIDIA Blackwell' (2026): "
+  "per-GPU model TFLOP/s, FP8 and NVFP4 at the same parallelism and batch, sequence 8,192"
+)
+# (model, GPU): published FP8 and NVFP4 model TFLOP/s per GPU.
+PUBLISHED = {
+  ("Llama 3 8B", "gb200"): (1497, 2017),
+  ("Llama 3 8B", "gb300"): (1759, 2301),
+  ("Llama 3.1 405B", "gb200"): (1557, 2241),
+  ("Llama 3.1 405B", "gb300"): (2103, 3633),
 }
-TWO_TRAYS = ["dcn_data_parallelism=-1"]  # the 4-GPU presets on 2 trays: data parallel across them, as submit.sh
+TWO_DOMAINS = ["compile_topology_num_slices=2"]
+# (model, GPU, preset stem, target args, {candidate: overrides on the preset})
 SETUPS = [
-  # (name, config, target args, extra overrides, modes)
-  ("8B-layer bench", "configs/bench/llama3_8b_4layers_seq8192.yml", ["compile_topology=h100-1"], [], MODES),
-  ("8B-layer bench", "configs/bench/llama3_8b_4layers_seq8192.yml", ["compile_topology=b200-1"], [], MODES),
-  ("1B-like bench", "configs/bench/llama3.2_1b_like_seq4096.yml", ["compile_topology=h100-1"], [], MODES),
-  ("1B-like bench", "configs/bench/llama3.2_1b_like_seq4096.yml", ["compile_topology=b200-1"], [], MODES),
-  ("Llama 3 8B", "configs/gb200/llama3_8b_fp8.yml", ["compile_topology=gb200-8"], TWO_TRAYS, MODES),
-  ("Llama 3 8B", "configs/gb300/llama3_8b_fp8.yml", ["compile_topology=gb300-8"], TWO_TRAYS, MODES),
+  (
+    "Llama 3 8B",
+    "gb200",
+    "configs/gb200/llama3_8b",
+    ["compile_topology=gb200-4"],
+    {
+      "batch 2": ["per_device_batch_size=2"],
+      "batch 4, remat minimal": ["per_device_batch_size=4", "remat_policy=minimal"],
+    },
+  ),
+  (
+    "Llama 3 8B",
+    "gb300",
+    "configs/gb300/llama3_8b",
+    ["compile_topology=gb300-4"],
+    {"batch 5, remat minimal": ["per_device_batch_size=5", "remat_policy=minimal"]},
+  ),
   (
     "Llama 3.1 405B",
-    "configs/gb300/llama3.1_405b_fp8.yml",
-    ["compile_topology=gb300-64", "compile_topology_num_slices=2"],
-    [],
-    MODES,
+    "gb200",
+    "configs/gb200/llama3.1_405b",
+    ["compile_topology=gb200-64", *TWO_DOMAINS],
+    {"batch 2": ["per_device_batch_size=2"]},
+  ),
+  (
+    "Llama 3.1 405B",
+    "gb300",
+    "configs/gb300/llama3.1_405b",
+    ["compile_topology=gb300-64", *TWO_DOMAINS],
+    {"batch 1": ["per_device_batch_size=1"]},
   ),
 ]
+MODES = {"fp8": "_fp8.yml", "nvfp4": "_nvfp4.yml"}
 
 
-def rows(only=None):
-  """[(setup name, config, target args, overrides, mode)] of the table, `only` those whose text contains it."""
+def rows(only=None, candidates=False):
+  """[(model, gpu, mode, candidate name or 'preset', config, target args, overrides)] to compile."""
   out = []
-  for name, config, target, extra, modes in SETUPS:
-    for mode, overrides in modes.items():
-      if mode == "te_nvfp4 xla" and any(t.startswith("compile_topology=h100") for t in target):
-        continue  # no FP4 GEMM on Hopper: the xla backend would dequantize to bf16
-      row = (name, config, target, [*extra, *overrides], mode)
-      if only is None or only in " ".join([name, config, *target, mode]):
-        out.append(row)
-  return out
+  for model, gpu, stem, target, alternatives in SETUPS:
+    for mode, suffix in MODES.items():
+      out.append((model, gpu, mode, "preset", stem + suffix, target, []))
+    for name, overrides in alternatives.items() if candidates else ():
+      out.append((model, gpu, "nvfp4", name, stem + MODES["nvfp4"], target, overrides))
+  text = lambda row: " ".join([row[0], row[1], row[2], row[3], row[4]])
+  return [row for row in out if only is None or only in text(row)]
 
 
-def compile_row(config, target, overrides):
-  """(the report as dict or None, the error line or None, seconds) of one row, in its own process."""
+def compile_row(config, target, overrides, keep=None):
+  """(the report as dict or None, the error line or None, seconds) of one row, in its own process; with `keep` (a
+  directory) the step's optimized HLO and the compiler's dump are kept there."""
   with tempfile.TemporaryDirectory() as tmp:
     report = pathlib.Path(tmp) / "report.json"
     argv = [sys.executable, "-m", "MaxText.train_compile", str(REPO / config), *target, *overrides]
+    env = dict(os.environ)
+    if keep:
+      pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
+      argv.append(f"compile_hlo={pathlib.Path(keep) / 'step.hlo'}")
+      env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={pathlib.Path(keep) / 'dump'}".strip()
     start = time.perf_counter()
-    done = subprocess.run(
-      [*argv, f"compile_report={report}"], cwd=REPO, capture_output=True, text=True, check=False, env=dict(os.environ)
-    )
+    done = subprocess.run([*argv, f"compile_report={report}"], cwd=REPO, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - start
     lines = done.stderr.splitlines()
     error = next((line for line in lines if line.startswith("error:")), None)
@@ -86,56 +114,100 @@ def compile_row(config, target, overrides):
     return json.loads(report.read_text(encoding="utf-8")), error, seconds
 
 
-def _kinds(counts):
-  return ", ".join(f"{k} {v:g}" for k, v in sorted(counts.items())) or "-"
+def _tflops(report):
+  """(point, low, high) model TFLOP/s per GPU of a report's estimate."""
+  est = report["estimate"]
+  low, high = est["model_tflops_range"]
+  return est["model_tflops_per_s_per_device"], low, high
 
 
-def table_row(name, target, mode, report, error):
-  target_text = " ".join(t.split("=", 1)[1] for t in target)
-  if report is None:
-    return f"| {name} | {target_text} | {mode} | failed: {error} | | | | |"
-  mem = report["memory"]
-  fits = "fits" if report["fits"] else "**over**"
-  backend = ", ".join(report["backends"].values()) or "bf16"
-  coll = sum(report["collectives"].values()) / GIB
-  est = report["estimate"] or {}
-  ms = est.get("ms_per_step", {})
-  est_text = (
-    f"{ms['total']:.0f} ms (gemm {ms['gemm']:.0f}, elem {ms['elementwise']:.0f}, attn {ms['attention']:.0f}, "
-    f"coll {ms['collectives']:.0f}); MFU {est['mfu']:.1%}; {est['tokens_per_s_per_device']:,.0f} tok/s/GPU"
-    if ms
-    else "-"
+def setup_table(records):
+  """One row per compiled step: memory, the estimate (range), collectives exposed / hidden, ours vs published."""
+  print(
+    "| model | GPUs | mode | preset | peak GiB/GPU (of available) | step ms (range) | collectives ms: exposed / "
+    "hidden | model TFLOP/s/GPU (range) | published | ours / published |"
   )
-  return (
-    f"| {name} | {target_text} | {mode} ({backend}) | {mem['peak_bytes'] / GIB:.1f} GiB {fits} "
-    f"({mem['available_bytes'] / GIB:.0f}) | {_kinds(report['gemms'])} | {coll:.2f} | {est_text} |"
-  )
+  print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+  for r in records:
+    rep = r["report"]
+    if rep is None:
+      print(f"| {r['model']} | {r['gpu']} | {r['mode']} | {r['candidate']} | failed: {r['error']} | | | | | |")
+      continue
+    mem, est = rep["memory"], rep["estimate"]
+    ms = est["ms_per_step"]
+    point, low, high = _tflops(rep)
+    published = PUBLISHED[(r["model"], r["gpu"])][0 if r["mode"] == "fp8" else 1]
+    fits = "" if rep["fits"] else " **over**"
+    print(
+      f"| {r['model']} | {rep['target']} | {r['mode']} | {r['candidate']} | {mem['peak_bytes'] / GIB:.1f}{fits} "
+      f"({mem['available_bytes'] / GIB:.0f}) | {ms['total']:.0f} ({est['range_ms']['low']:.0f} - "
+      f"{est['range_ms']['high']:.0f}) | {ms['collectives_exposed']:.0f} / {ms['collectives_hidden']:.0f} | "
+      f"{point:,.0f} ({low:,.0f} - {high:,.0f}) | {published:,} | {point / published:.2f} |"
+    )
 
 
-HEADER = (
-  "| setup | target | mode (backend) | memory/GPU, compiled (of available) | GEMMs per step by kind | "
-  "collectives GiB/step/GPU | estimate: step time; MFU; tokens/s/GPU (compiled estimate, not measured) |\n"
-  "|---|---|---|---|---|---:|---|"
-)
+def ratio_table(records):
+  """Per setup: our NVFP4/FP8 ratio (each scenario's own pair: point, the range's ends) beside the published one."""
+  presets = {(r["model"], r["gpu"], r["mode"]): r["report"] for r in records if r["candidate"] == "preset"}
+  print("\n| model | GPU | ours NVFP4 / FP8 (range) | published NVFP4 / FP8 | ours / published ratio |")
+  print("|---|---|---:|---:|---:|")
+  for (model, gpu), (fp8, nvfp4) in PUBLISHED.items():
+    a, b = presets.get((model, gpu, "fp8")), presets.get((model, gpu, "nvfp4"))
+    if not a or not b:
+      continue
+    ours = a["estimate"]["ms_per_step"]["total"] / b["estimate"]["ms_per_step"]["total"]
+    ends = [a["estimate"]["range_ms"][e] / b["estimate"]["range_ms"][e] for e in ("low", "high")]
+    print(
+      f"| {model} | {gpu} | {ours:.3f} ({min(ends):.3f} - {max(ends):.3f}) | {nvfp4 / fp8:.3f} | "
+      f"{ours / (nvfp4 / fp8):.3f} |"
+    )
+
+
+def reestimate(records):
+  """The kept steps costed again by today's model (each record's `kept` directory: step.hlo and dump/)."""
+  from MaxText import config as config_lib  # pylint: disable=import-outside-toplevel
+  from MaxText.trainer import aot_step  # pylint: disable=import-outside-toplevel
+
+  for r in records:
+    if r["report"] is None or not r.get("kept"):
+      continue
+    cfg = config_lib.load(str(REPO / r["config"]), [*r["target"], *r["overrides"]])
+    step = aot_step.from_saved(cfg, pathlib.Path(r["kept"]) / "step.hlo", pathlib.Path(r["kept"]) / "dump")
+    r["report"]["estimate"] = step.estimate()
+  return records
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-  parser.add_argument("--only", help="rows whose setup, config, target or mode contains this")
+  parser.add_argument("--only", help="rows whose model, GPU, mode, candidate or config contains this")
+  parser.add_argument("--candidates", action="store_true", help="also each setup's alternative presets (NVFP4)")
+  parser.add_argument("--keep", help="keep each step's HLO and dump under this directory (for --reestimate)")
   parser.add_argument("--json", help="write every row's report here")
+  parser.add_argument("--from-json", help="print the tables of a JSON this wrote, compiling nothing")
+  parser.add_argument("--reestimate", help="a JSON this wrote with --keep: its steps costed again, tables printed")
   args = parser.parse_args(argv)
-  print(f"train_compile of commit {provenance.commit(mark_dirty=True)}: compiled estimates for each target")
-  print(HEADER, flush=True)
-  records = []
-  for name, config, target, overrides, mode in rows(args.only):
-    report, error, seconds = compile_row(config, target, overrides)
-    print(table_row(name, target, mode, report, error), flush=True)
-    records.append(
-      {"setup": name, "config": config, "target": target, "overrides": overrides, "mode": mode, "report": report}
-    )
-    records[-1]["compile_wall_seconds"] = round(seconds, 1)
-  if args.json:
-    pathlib.Path(args.json).write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+  if args.from_json or args.reestimate:
+    records = json.loads(pathlib.Path(args.from_json or args.reestimate).read_text(encoding="utf-8"))["records"]
+    records = reestimate(records) if args.reestimate else records
+  else:
+    commit = provenance.commit(mark_dirty=True)
+    print(f"train_compile of commit {commit}: compiled estimates for each target; published: {SOURCE}", flush=True)
+    records = []
+    for number, (model, gpu, mode, candidate, config, target, overrides) in enumerate(rows(args.only, args.candidates)):
+      keep = str(pathlib.Path(args.keep) / f"{number:02d}") if args.keep else None
+      report, error, seconds = compile_row(config, target, overrides, keep)
+      record = dict(model=model, gpu=gpu, mode=mode, candidate=candidate, config=config, target=target)
+      records.append({**record, "overrides": overrides, "report": report, "error": error, "kept": keep})
+      records[-1]["compile_wall_seconds"] = round(seconds, 1)
+      print(f"  compiled {model} {gpu} {mode} {candidate} ({seconds:.0f} s)", file=sys.stderr, flush=True)
+      if args.json:
+        out = {"commit": commit, "published": SOURCE, "records": records}
+        pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+  setup_table(records)
+  ratio_table(records)
+  if args.json and args.reestimate:
+    out = {"commit": provenance.commit(mark_dirty=True), "published": SOURCE, "records": records}
+    pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
   return 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #20's GPU measurements: scripts/gpu_bench.sh [--cpu-smoke] [--out DIR] [PART ...] [key=value ...]
+# The GPU measurements: scripts/gpu_bench.sh [--cpu-smoke] [--out DIR] [PART ...] [key=value ...]
 # (make gpu-bench ARGS="..."); key=value arguments go to every part's trainer config (benchmarks/gpu_bench.py).
 #
 # Runs each PART (default: all, in PARTS' order) as its own process (benchmarks/gpu_bench.py PART), each cut
@@ -79,4 +79,10 @@ done
   echo "=== gpu-bench: ${#parts[@]} part(s), $failed failed; JSON in $out"
   printf '  %s\n' "${summary[@]}"
 } | tee -a "$log"
+# Each measurement beside the estimate written for this GPU before it ran (benchmarks/results/gpu_bench_predictions/,
+# benchmarks/roofline_calibration.py --predict-gpu-bench GPU); a GPU without predictions is said so.
+if [ ${#smoke[@]} -eq 0 ]; then
+  echo "=== gpu-bench: measured vs predicted" | tee -a "$log"
+  "$py" benchmarks/roofline_calibration.py --score "$out" benchmarks/results/gpu_bench_predictions 2>&1 | tee -a "$log"
+fi
 exit "$failed"

@@ -13,6 +13,13 @@ on GB300 NVL72), GPUs per host (8 on an HGX board, 4 on a Grace-Blackwell tray) 
 (8 on HGX, 72 on NVL72). The CUDA and cuDNN versions are those of the CUDA 13 wheels jax 0.10.2 and 0.11.2 install
 (cuDNN 9.28.1): the cuDNN version sits inside `gpu_device_info`, where XLA reads it (without it XLA assumes no cuDNN
 and compiles a block-scaled dot to a naive loop).
+
+What the estimate needs beyond XLA's specs, each from a public source (SOURCES): Blackwell Ultra's (B300, GB300) dense
+NVFP4 rate, 15 PFLOP/s per GPU against Blackwell's 10 (1.5x: 6144 FP4 FMAs per tensor-core unit per clock where XLA's
+spec copies Blackwell's 4096), and its doubled special-function (exponential) throughput for attention's softmax, 32
+per SM per clock against 16 on Hopper and Blackwell (NVIDIA, "Inside NVIDIA Blackwell Ultra", 2025; the CUDA C++
+Programming Guide's throughput table for 16; FlashAttention-4, arXiv 2603.05451: H100 to B200 left the SFU count
+per SM unchanged).
 """
 
 import dataclasses
@@ -26,6 +33,17 @@ DEFAULT_MEM_FRACTION = 0.75  # jax's XLA_PYTHON_CLIENT_MEM_FRACTION default: the
 CUDNN_VERSION = (9, 28, 1)
 CUDA_VERSION = (13, 0, 0)
 XLA_SPECS = "openxla/xla xla/backends/gpu/target_config/specs/"
+SOURCES = {
+  "device": "XLA's target specs, " + "openxla/xla xla/backends/gpu/target_config/specs/<gpu>.txtpb",
+  "fp4_blackwell_ultra": "NVIDIA technical blog 'Inside NVIDIA Blackwell Ultra: The Chip Powering the AI Factory Era' "
+  "(2025): 15 PFLOP/s dense NVFP4 per GPU vs 10 on Blackwell",
+  "exp_per_clock": "CUDA C++ Programming Guide, arithmetic instruction throughput (16 exp2 per SM per clock, compute "
+  "capability 9.0 / 10.0); 'Inside NVIDIA Blackwell Ultra' (2x SFU throughput for attention: 32)",
+  "nvlink": "NVIDIA H100 / GB200 NVL72 / GB300 NVL72 datasheets: NVLink 4 900 GB/s, NVLink 5 1.8 TB/s per GPU "
+  "(both directions)",
+  "nic": "GB200 NVL72: ConnectX-7 400 Gb/s per GPU; GB300 NVL72: ConnectX-8 SuperNIC 800 Gb/s per GPU; HGX H100 / "
+  "H200 / B200: ConnectX-7 400 Gb/s per GPU (NVIDIA datasheets)",
+}
 
 
 def memory_fraction():
@@ -56,6 +74,7 @@ class Gpu:
   gpus_per_host: int
   max_nvlink_domain: int
   source: str  # the XLA spec file
+  exp_per_clock: int = 16  # exp2 (SFU) results per SM per clock: attention's softmax (SOURCES)
 
   def peak_flops(self, dtype):
     """Dense tensor-core FLOP/s for operands of `dtype` (bf16, fp8, fp4, tf32)."""
@@ -99,6 +118,7 @@ class Gpu:
 
 _HOPPER_RATES = {"bf16": 512, "fp8": 1024, "tf32": 256}  # XLA's matrix_unit_description keys 16, 20, 11
 _BLACKWELL_RATES = {"bf16": 1024, "fp8": 2048, "fp4": 4096, "tf32": 512}  # keys 16, 20, 32, 11
+_BLACKWELL_ULTRA_RATES = {**_BLACKWELL_RATES, "fp4": 6144}  # 1.5x Blackwell's dense NVFP4 (SOURCES)
 NVLINK4, NVLINK5 = 450 * GB, 900 * GB  # per GPU, each direction (NVIDIA: 900 GB/s and 1.8 TB/s bidirectional)
 CX7, CX8 = 400e9 / 8, 800e9 / 8  # ConnectX-7 400 Gb/s, ConnectX-8 800 Gb/s per GPU
 
@@ -123,11 +143,12 @@ GPUS = {
     ),
     Gpu(
       "b300", "NVIDIA B300", (10, 3), True, 158, 1.965, 7936000000000, 135528448, 297021865984,
-      1.8353101, _BLACKWELL_RATES, NVLINK5, CX8, 8, 8, "b300.txtpb (its 'a' features added, as gb300's)",
+      1.8353101, _BLACKWELL_ULTRA_RATES, NVLINK5, CX8, 8, 8,
+      "b300.txtpb (its 'a' features added, as gb300's; FP4 and exp rates: Blackwell Ultra's)", 32,
     ),
     Gpu(
       "gb300", "NVIDIA GB300", (10, 3), True, 152, 2.07, 7928064000000, 135528448, 297021079552,
-      1.93338, _BLACKWELL_RATES, NVLINK5, CX8, 4, 72, "gb300.txtpb",
+      1.93338, _BLACKWELL_ULTRA_RATES, NVLINK5, CX8, 4, 72, "gb300.txtpb (FP4 and exp rates: Blackwell Ultra's)", 32,
     ),
   )
 }  # fmt: skip
@@ -204,16 +225,17 @@ def of_device_kind(device_kind):
 def table():
   """Markdown: one row per GPU, the figures the roofline and the memory check use, and their sources."""
   rows = [
-    "| target | SM | SMs | HBM (GiB) | HBM TB/s | bf16 TFLOP/s | fp8 | fp4 | NVLink GB/s/dir | NIC GB/s | "
-    "GPUs/host | NVLink domain | XLA spec |",
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    "| target | SM | SMs | HBM (GiB) | HBM TB/s | bf16 TFLOP/s | fp8 | fp4 | exp2/SM/clock | NVLink GB/s/dir | "
+    "NIC GB/s | GPUs/host | NVLink domain | XLA spec |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
   ]
   for g in GPUS.values():
     fp4 = f"{g.peak_flops('fp4') / 1e12:.0f}" if "fp4" in g.matrix_ops_per_clock else "-"
     rows.append(
       f"| {g.name}-N | {g.sm}{'a' if g.accelerated else ''} | {g.core_count} | {g.device_memory_size / 2**30:.1f} | "
       f"{g.memory_bandwidth / 1e12:.2f} | {g.peak_flops('bf16') / 1e12:.0f} | {g.peak_flops('fp8') / 1e12:.0f} | "
-      f"{fp4} | {g.nvlink_bytes_per_s / GB:.0f} | {g.network_bytes_per_s / GB:.0f} | {g.gpus_per_host} | "
+      f"{fp4} | {g.exp_per_clock} | {g.nvlink_bytes_per_s / GB:.0f} | {g.network_bytes_per_s / GB:.0f} | "
+      f"{g.gpus_per_host} | "
       f"{g.max_nvlink_domain} | {g.source} |"
     )
   return "\n".join(rows)

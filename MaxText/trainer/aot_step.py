@@ -11,6 +11,7 @@ $XLA_FLAGS sets them.
 
 import contextlib
 import dataclasses
+import pathlib
 import time
 import typing
 
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from MaxText import precision
-from MaxText.aot import devices as aot_devices, hlo, roofline, targets
+from MaxText.aot import devices as aot_devices, dump, hlo, roofline, targets
 from MaxText.config import RunShape, hardware
 from MaxText.data.batch import Batch
 from MaxText.model import accounting
@@ -45,6 +46,7 @@ class CompiledStep:
   memory: dict  # argument/output/alias/temp/peak bytes (XLA's memory analysis), device_bytes, available_bytes
   kernels: list  # hlo.Kernel of the optimized program
   hlo_text: str
+  module: hlo.Module  # the optimized program, parsed (its schedule: the estimate's order)
   seconds: float  # lowering + compiling
   backends: dict  # {recipe: the backend (and quantizer kernels) that ran it}
   flops_per_device: float  # MaxText's training FLOPs per device per step
@@ -63,7 +65,9 @@ class CompiledStep:
     """The roofline estimate on the target GPU (None where the GPU is not in the target table)."""
     if self.gpu is None:
       return None
-    return roofline.estimate(self.kernels, self.gpu, calibration, self.flops_per_device, self.tokens_per_device)
+    return roofline.estimate(
+      self.kernels, self.gpu, calibration, self.flops_per_device, self.tokens_per_device, module=self.module
+    )
 
 
 def _steady_step(cfg):
@@ -149,30 +153,47 @@ def compile_step(
     used = _backends_used(plan, any(size > 1 for size in mesh.shape.values()))
     if xla_options is None:
       xla_options = xla_flags.compiler_options(len(devices)) if compile_only else {}
-    compiled = lowered.compile(compiler_options=xla_options or None)
+    if compile_only:  # a GPU target: its kernels' code read from the compiler's dump
+      compiled, code = dump.compile_reading_code(lowered, xla_options)
+    else:
+      compiled, code = lowered.compile(compiler_options=xla_options or None), {}
+  text = compiled.as_text()
+  domain = devices_per_domain or len(devices) // len({d.process_index for d in devices})
+  module = hlo.parse(text)
+  return CompiledStep(
+    target=target_name or devices[0].device_kind,
+    gpu=gpu,
+    num_devices=len(devices),
+    mesh=dict(mesh.shape),
+    memory=_step_memory(compiled, gpu, devices, compile_only),
+    kernels=_kernels_with_code(module, code, len(devices), domain),
+    hlo_text=text,
+    module=module,
+    seconds=time.perf_counter() - start,
+    backends=used,
+    flops_per_device=accounting.training_flops_per_device(cfg).total,
+    tokens_per_device=run_shape.tokens_per_step / len(devices),
+  )
+
+
+def _step_memory(compiled, gpu, devices, compile_only):
+  """XLA's memory analysis of the compiled step with what the device has and leaves it (its bytes, and the share
+  jax's allocator takes: a target's at the memory fraction, this machine's as its allocator reports)."""
   memory = compiled_memory(compiled) or {}
   if compile_only:
     device_bytes = gpu.device_memory_size if gpu is not None else 0
     memory["device_bytes"], memory["available_bytes"] = device_bytes, int(device_bytes * memory_fraction())
   else:  # this machine's devices: what jax's allocator has (its limit, the memory fraction applied)
     memory["device_bytes"] = memory["available_bytes"] = _local_bytes_limit(devices)
-  text = compiled.as_text()
-  domain = devices_per_domain or len(devices) // len({d.process_index for d in devices})
-  kernel_list = hlo.kernels(hlo.parse(text), len(devices), domain)
-  flops = accounting.training_flops_per_device(cfg).total
-  return CompiledStep(
-    target=target_name or devices[0].device_kind,
-    gpu=gpu,
-    num_devices=len(devices),
-    mesh=dict(mesh.shape),
-    memory=memory,
-    kernels=kernel_list,
-    hlo_text=text,
-    seconds=time.perf_counter() - start,
-    backends=used,
-    flops_per_device=flops,
-    tokens_per_device=run_shape.tokens_per_step / len(devices),
-  )
+  return memory
+
+
+def _kernels_with_code(module, code, num_devices, devices_per_domain):
+  """The module's kernels (hlo.kernels), each with its code from the compiler's dump where there is some."""
+  kernel_list = hlo.kernels(module, num_devices, devices_per_domain)
+  for kernel in kernel_list:
+    kernel.code = code.get(kernel.name)
+  return kernel_list
 
 
 def gpu_hardware(gpu, what=None):
@@ -198,6 +219,30 @@ def compile_for_target(cfg, target):
   )
 
 
+def from_saved(cfg, hlo_path, dump_dir):
+  """The CompiledStep of a step compiled before for cfg.compile_topology, from its optimized HLO (compile_hlo) and
+  the compiler's dump (XLA_FLAGS=--xla_dump_to): its kernels and schedule costed by the model as it is now, without
+  compiling (memory: not in these files, so empty)."""
+  target = named_target(cfg)
+  module = hlo.parse(pathlib.Path(hlo_path).read_text(encoding="utf-8"))
+  kernel_list = _kernels_with_code(module, dump.read(dump_dir), target.num_devices, target.gpus_per_slice)
+  run_shape = RunShape.of(cfg, target.num_devices)
+  return CompiledStep(
+    target=target.name,
+    gpu=target.gpu,
+    num_devices=target.num_devices,
+    mesh={},
+    memory={},
+    kernels=kernel_list,
+    hlo_text="",
+    module=module,
+    seconds=0.0,
+    backends={},
+    flops_per_device=accounting.training_flops_per_device(cfg).total,
+    tokens_per_device=run_shape.tokens_per_step / target.num_devices,
+  )
+
+
 def gib(nbytes):
   return nbytes / GIB
 
@@ -218,6 +263,7 @@ def report(step: CompiledStep, cfg, calibration=roofline.DEFAULT):
       "not a measurement"
     )
     estimate["calibration"] = dataclasses.asdict(calibration)
+    estimate["constants"] = roofline.constants(calibration)
   return {
     "target": step.target,
     "gpu": step.gpu.description if step.gpu is not None else None,
@@ -234,6 +280,7 @@ def report(step: CompiledStep, cfg, calibration=roofline.DEFAULT):
     "kernels": found["kernels"],
     "backends": step.backends,
     "estimate": estimate,
+    "quantizer_kernels": roofline.quantizer_kernels(step.kernels, step.gpu, calibration) if step.gpu else {},
     "flops_per_device": step.flops_per_device,
     "compile_seconds": round(step.seconds, 2),
     "jax": jax.__version__,
@@ -275,15 +322,50 @@ def format_report(rep):
     lines.append("  quantized GEMMs: " + ", ".join(f"{r} on {b}" for r, b in rep["backends"].items()))
   coll = ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in sorted(rep["collectives"].items())) or "none"
   lines.append(f"collectives per step (data per device): {coll}")
-  est = rep["estimate"]
-  if est is not None:
-    ms = est["ms_per_step"]
-    lines.append(
-      f"estimate (compiled, roofline calibrated on one H100; not a measurement): {ms['total']:.1f} ms/step = gemm "
-      f"{ms['gemm']:.1f} + elementwise {ms['elementwise']:.1f} + attention {ms['attention']:.1f} + collectives "
-      f"{ms['collectives']:.1f}; MFU {est['mfu']:.1%}, {est['tokens_per_s_per_device']:,.0f} tokens/s/device"
-    )
+  if rep["estimate"] is not None:
+    lines += format_estimate(rep["estimate"], rep["target"])
+  lines += format_quantizer_kernels(rep.get("quantizer_kernels") or {}, rep["target"])
   return "\n".join(lines)
+
+
+def format_estimate(est, target):
+  """train_compile's lines on the step-time estimate: the scheduled total with its range, the categories, the
+  collectives' exposed and hidden time, MFU, tokens/s and model TFLOP/s per device (point and range)."""
+  ms, low, high = est["ms_per_step"], est["range_ms"]["low"], est["range_ms"]["high"]
+  tflops, (tflops_low, tflops_high) = est["model_tflops_per_s_per_device"], est["model_tflops_range"]
+  how = "as scheduled" if est.get("scheduled") else "categories added"
+  lines = [
+    f"estimate for {target} (compiled, not a measurement; constants fitted on one H100, targets' published rates): "
+    f"{ms['total']:.1f} ms/step {how} (range {low:.1f} - {high:.1f})",
+    f"  kernels: gemm {ms['gemm']:.1f} + elementwise {ms['elementwise']:.1f} + attention {ms['attention']:.1f} ms; "
+    f"collectives {ms['collectives']:.1f} ms, of which exposed {ms['collectives_exposed']:.1f} and hidden "
+    f"{ms['collectives_hidden']:.1f} behind compute",
+  ]
+  if tflops:
+    lines.append(
+      f"  MFU {est['mfu']:.1%}, {est['tokens_per_s_per_device']:,.0f} tokens/s/device, {tflops:,.0f} model TFLOP/s "
+      f"per device (range {tflops_low:,.0f} - {tflops_high:,.0f})"
+    )
+  return lines
+
+
+def format_quantizer_kernels(rows, target):
+  """train_compile's lines on the quantizer kernels: per element of the tensor each reads, its thread-instructions
+  (from the compiled PTX) and bytes, and whether its instructions or its bytes bound it on the target."""
+  if not rows:
+    return []
+  lines = [f"quantizer kernels on {target} (estimate: thread-instructions from the compiled PTX, per element read):"]
+  for name, row in rows.items():
+    head = f"  {name}: {row['runs_per_step']:g} runs/step, {row['bytes_per_element']:.2f} B/element"
+    if row["instructions_per_element"] is None:
+      lines.append(f"{head}; bytes {row['bytes_ms']:.1f} ms/step ({row['bound']})")
+      continue
+    lines.append(
+      f"{head}, {row['instructions_per_element']:.1f} instructions/element ({row['bound_by']} pipe); "
+      f"instructions {row['instructions_ms']:.1f} ms/step vs bytes {row['bytes_ms']:.1f}: {row['bound']}-bound "
+      f"(byte-bound at <= {row['byte_bound_at_instructions_per_element']:.1f} instructions/element)"
+    )
+  return lines
 
 
 def refusal(rep):

@@ -100,3 +100,12 @@ def test_table_lists_every_gpu_with_its_source():
   table = targets.table()
   for gpu in targets.GPUS.values():
     assert f"| {gpu.name}-N |" in table and gpu.source in table
+
+
+def test_blackwell_ultra_has_its_published_fp4_and_exponential_rates():
+  """15 PFLOP/s dense NVFP4 against Blackwell's 10, and twice the exponential throughput per SM (the SOURCES)."""
+  gb200, gb300 = targets.GPUS["gb200"], targets.GPUS["gb300"]
+  assert gb300.matrix_ops_per_clock["fp4"] == 1.5 * gb200.matrix_ops_per_clock["fp4"]
+  assert gb300.peak_flops("fp8") == pytest.approx(gb200.peak_flops("fp8"), rel=0.01)  # FP8 unchanged
+  assert (gb200.exp_per_clock, gb300.exp_per_clock, targets.GPUS["h100"].exp_per_clock) == (16, 32, 16)
+  assert "Blackwell Ultra" in targets.SOURCES["fp4_blackwell_ultra"]

@@ -225,7 +225,7 @@ def test_plan_shows_the_nvfp4_options_and_the_flops_they_leave_in_bf16(monkeypat
 @pytest.mark.parametrize("override", ["high_precision", "dequantized"])
 def test_backward_override_step_quantizes_fprop_only_and_runs_bf16_gemms(override):
   from tests.trainer.test_train_step import _count_calls, _step_and_args  # pylint: disable=import-outside-toplevel
-  from tests import hlo_dots  # pylint: disable=import-outside-toplevel
+  from tests import stablehlo  # pylint: disable=import-outside-toplevel
 
   for remat in ("none", "minimal_with_quantization"):
     cfg = _cfg(
@@ -237,7 +237,7 @@ def test_backward_override_step_quantizes_fprop_only_and_runs_bf16_gemms(overrid
     )
     step, args = _step_and_args(cfg)
     assert _count_calls(jax.make_jaxpr(step)(*args).jaxpr, "quantize_for_gemm") == 2 * 3 * 2  # x, w per MLP GEMM
-  by_dtype = hlo_dots.dot_flops_by_dtype(step.trace(*args).lower(lowering_platforms=("cuda",)).as_text())
+  by_dtype = stablehlo.dot_flops_by_dtype(step.trace(*args).lower(lowering_platforms=("cuda",)).as_text())
   assert set(by_dtype) == {("bf16", "bf16")}, by_dtype
 
 

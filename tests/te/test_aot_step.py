@@ -114,6 +114,15 @@ def test_b200_8_bf16_collectives_and_cli_report(tmp_path, capsys):
   assert "memory per device:" in printed and "GEMMs per step: bf16" in printed
   assert report["target"] == "b200-8" and set(report["gemms"]) == {"bf16"}
   assert report["collectives"]["all-gather"] > 0
+  # The step as scheduled: collectives exposed or hidden behind compute, a range beside the point, all printed.
+  est = report["estimate"]
+  ms = est["ms_per_step"]
+  assert est["scheduled"] and ms["collectives"] > 0
+  assert ms["collectives_exposed"] + ms["collectives_hidden"] == pytest.approx(ms["collectives"])
+  assert est["range_ms"]["low"] <= ms["total"] <= est["range_ms"]["high"]
+  assert f"of which exposed {ms['collectives_exposed']:.1f} and hidden {ms['collectives_hidden']:.1f}" in printed
+  assert f"(range {est['range_ms']['low']:.1f} - {est['range_ms']['high']:.1f})" in printed
+  assert set(est["constants"]) == {"fitted", "published", "assumed"}
   assert report["command"][-2:] == [f"compile_report={out}", f"compile_hlo={hlo_path}"]
   assert "HloModule" in hlo_path.read_text()
   assert sorted(p.name for p in tmp_path.rglob("*")) == ["b200", "r.json", "reports", "step.hlo"]  # no temporary file
@@ -176,3 +185,29 @@ def test_b200_1_nvfp4_xla_backend_reads_the_pallas_narrow_operands_and_writes_bf
     f"quantize_nvfp4{v}_narrow" for v in ("", "_16x16", "_sr", "_rht", "_rht_sr")
   }, names
   assert not [k for k in step.kernels if k.kind == "fusion" and "_quantize_jit" in k.scope]  # no XLA-path quantizer
+  # Each kernel's code read from the PTX compiled for sm_100a: the quantizers' instructions per element and bytes.
+  assert all(k.code is not None and k.code.entry.target == "sm_100a" for k in quantizers)
+  rows = report["quantizer_kernels"]
+  assert set(rows) == names
+  for name, row in rows.items():
+    assert row["instructions_per_element"] > 1 and row["bound"] in ("bytes", "instructions"), (name, row)
+  assert rows["quantize_nvfp4_narrow"]["bytes_per_element"] == pytest.approx(2 + 0.5 + 1 / 16, rel=0.05)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(
+  "quantizer", ["nvfp4 1x16 (x)", "nvfp4 1x16 SR (dy)", "nvfp4 16x16 (w, f32)", "nvfp4 RHT+SR (dy_t)"]
+)
+def test_the_kernel_model_reproduces_the_h100_quantizer_times_within_20_percent(quantizer):
+  """Compiled for h100-1 as the quantize part ran them, the Pallas quantizers' every kernel costed by its bytes or
+  its PTX instructions (nothing fitted on these times) against the H100's measurements of 2026-11-27."""
+  from benchmarks import roofline_calibration as rc  # pylint: disable=import-outside-toplevel
+  from MaxText.aot import roofline  # pylint: disable=import-outside-toplevel
+
+  h100 = targets.GPUS["h100"]
+  # This suite compiles at backend optimization level 0 (conftest, for speed); the model reads the PTX a run gets.
+  kernels = rc.quantizer_kernels(quantizer, "pallas", h100, {"xla_backend_optimization_level": 2})
+  assert all(k.code.entry.target == "sm_90a" for k in kernels if k.kind == "pallas")
+  estimate = sum(roofline.kernel_seconds(k, h100) * k.count for k in kernels) * 1e3
+  measured = rc.measured_quantizer_ms()[f"{quantizer} [pallas]"]
+  assert estimate == pytest.approx(measured, rel=0.2), (estimate, measured)

@@ -10,7 +10,7 @@ from MaxText.quantization import backends, get_recipe, qdot, qmatmul
 from MaxText.quantization.errors import BackendError
 from MaxText.quantization.formats import Format
 from tests.te.conftest import SM_FOR_FORMAT, export_for_cuda, pinned_te_version
-from tests.te.stablehlo import custom_calls, producer
+from tests.stablehlo import custom_calls, producer
 
 pytestmark = pytest.mark.te
 

@@ -16,7 +16,7 @@ from MaxText.aot import hlo
 from MaxText.precision import GEMMS, MLP_GEMMS
 from tests.conftest import REPO
 from tests.te.conftest import export_for_cuda
-from tests.te.stablehlo import custom_calls, producer
+from tests.stablehlo import custom_calls, producer
 from tests.trainer.test_train_step import _step_and_args
 
 pytestmark = pytest.mark.te

@@ -13,7 +13,7 @@ from jax.extend import core as jex_core
 
 from MaxText.model import accounting
 from MaxText import config, data, precision
-from tests import hlo_dots
+from tests import stablehlo
 from MaxText.trainer import optimizer, train_step
 from MaxText.model.decoder import Transformer, abstract_model
 from tests.conftest import REPO
@@ -49,7 +49,7 @@ def _dot_flops(cfg, platform=None):
   f8 operand counts as f8 (XLA's GEMM rewriter makes it an FP8 GEMM's)."""
   step, args = _step_and_args(cfg)
   lowered = step.lower(*args) if platform is None else step.trace(*args).lower(lowering_platforms=(platform,))
-  return hlo_dots.dot_flops_by_dtype(lowered.as_text(), f8_dequantized=platform == "cuda")
+  return stablehlo.dot_flops_by_dtype(lowered.as_text(), f8_dequantized=platform == "cuda")
 
 
 @pytest.mark.parametrize("quantization", ["", "te_nvfp4", "te_fp8_currentscaling", "mxfp4"])
@@ -59,7 +59,7 @@ def test_every_gemm_runs_on_tensor_core_dtypes(quantization):
   flops = accounting.training_flops_per_device(cfg)
   # The HLO's dots are MaxText's FLOPs formula plus the masked half of causal attention XLA computes.
   assert sum(by_dtype.values()) == pytest.approx(flops.total + flops.attention_core, rel=1e-9)
-  assert hlo_dots.tensor_core_share(by_dtype) >= 0.99, by_dtype
+  assert stablehlo.tensor_core_share(by_dtype) >= 0.99, by_dtype
   f8 = sum(f for (a, b), f in by_dtype.items() if a.startswith("f8") and b.startswith("f8"))
   if quantization == "te_fp8_currentscaling":
     assert f8 == pytest.approx(flops.mlp, rel=1e-9)  # fprop, dgrad and wgrad of every MLP GEMM: f8 x f8
@@ -164,7 +164,7 @@ def test_tiled_lm_head_runs_its_three_gemms_per_tile_on_bf16(num_tiles):
   flops = accounting.training_flops_per_device(plain_cfg)
   lm_head = flops.embedding  # 3 x 2 x tokens x D x V
   assert sum(tiled.values()) == pytest.approx(sum(plain.values()) - lm_head * (1 - 1 / num_tiles), rel=1e-9)
-  assert hlo_dots.tensor_core_share(tiled) >= 0.99, tiled
+  assert stablehlo.tensor_core_share(tiled) >= 0.99, tiled
 
 
 def test_tiled_loss_gradients_and_eval_equal_the_plain_ones():

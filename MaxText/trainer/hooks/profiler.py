@@ -2,11 +2,12 @@
 
 `profiler=xplane` traces steps [skip_first_n_steps_for_profiler, + profiler_steps) into
 run_dir/tensorboard/plugins/profile/<time>/ (TensorBoard's profile plugin and Perfetto open it; a
-perfetto_trace.json.gz is written beside it), then prints device time per step by category (GEMMs
-by operand dtype, attention, quantization and other elementwise fusions, collectives, copies) and the
+perfetto_trace.json.gz is written beside it), then prints device time per step by category and by kind in
+aot.hlo's names (the ones train_compile's estimate uses: gemm by its kind -- bf16, fp8, fp4_block_scaled, te, ...;
+attention; elementwise -- XLA's fusions, copies, the Pallas and Transformer Engine quantizers; collective) and the
 top kernels, and writes the same to run_dir/profile_summary.json. Events are matched to the train
 step's optimized HLO (each kernel carries its `hlo_op`; a kernel without one is matched by its name), so a
-GEMM's category names the dtypes its operands really have after XLA's rewrites (cuBLAS calls and Triton /
+GEMM's kind names the types its operands really have after XLA's rewrites (cuBLAS calls and Triton /
 cuDNN GEMM fusions alike); the summary adds the attention kernels' achieved TFLOP/s and the compiled step's
 memory analysis. `profiler=nsys` brackets the same steps with cudaProfilerStart/Stop for `nsys profile
 --capture-range=cudaProfilerApi`.
@@ -27,15 +28,13 @@ from MaxText.model import accounting
 from MaxText.config import ConfigError
 from MaxText.trainer.loop import Hook
 
-CATEGORIES = ("gemm", "attention", "quantization/elementwise", "collective", "copy/transpose", "other")
 TOP_KERNELS, PRINTED_KERNELS = 40, 10  # kept in profile_summary.json / printed
 _CONTAINERS = ("while", "conditional", "call")  # their time is their body's ops' (CPU traces both): not counted
-_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "send", "recv")
-_KERNEL_PATTERNS = (  # fallback when a kernel carries no hlo_op we know
-  ("attention", re.compile(r"fmha|flash|cudnn|attention", re.I)),
-  ("gemm", re.compile(r"gemm|xmma|cutlass|nvjet|matmul|\bdot\b", re.I)),
-  ("collective", re.compile(r"nccl|all_reduce|allreduce|all_gather|reduce_scatter", re.I)),
-  ("copy/transpose", re.compile(r"memcpy|memset|copy|transpose", re.I)),
+_KERNEL_PATTERNS = (  # fallback when a kernel carries no hlo_op we know: (category, kind, its name's pattern)
+  ("attention", "other", re.compile(r"fmha|flash|cudnn|attention", re.I)),
+  ("gemm", "other", re.compile(r"gemm|xmma|cutlass|nvjet|matmul|\bdot\b", re.I)),
+  ("collective", "nccl", re.compile(r"nccl|all_reduce|allreduce|all_gather|reduce_scatter", re.I)),
+  ("elementwise", "copy", re.compile(r"memcpy|memset|copy|transpose", re.I)),
 )
 
 
@@ -183,137 +182,33 @@ def newest_xplane(trace_dir):
 # -- the optimized HLO: what each op is ------------------------------------------------------------
 
 
-def _parenthesized(text):
-  """The text inside the first balanced (...) of `text`, and what follows it."""
-  start = text.find("(")
-  if start < 0:  # e.g. a line of a computation's attributes, not an instruction
-    return "", text
-  depth = 0
-  for i in range(start, len(text)):
-    depth += {"(": 1, ")": -1}.get(text[i], 0)
-    if depth == 0:
-      return text[start + 1 : i], text[i + 1 :]
-  return text[start + 1 :], ""
-
-
-_DTYPE = re.compile(r"\b(pred|[subf]\d+|bf16|f8e\w+|f4e\w+|c\d+)\[")
-_FUSION_KIND = re.compile(r'"fusion_backend_config":\s*\{\s*"kind":\s*"([^"]+)"')
-# Fusions XLA:GPU emits as one GEMM kernel: Triton GEMMs (at small shapes or with xla_gpu_enable_triton_gemm),
-# their nested form, cuBLAS / cuDNN GEMM fusions.
-_GEMM_FUSION_KINDS = (
-  "__triton_gemm",
-  "__triton_nested_gemm_fusion",
-  "__triton_scaled_dot_fusion",
-  "__cublas",
-  "__cudnn$fusion",
-)
-
-
-def parse_hlo(hlo_text):
-  """{instruction name: (opcode, result type, operand dtypes, target, called computation)} and {computation
-  name: [instruction names]} of an optimized HLO module's text; target: a custom call's target, or a fusion's
-  backend kind (e.g. __triton_gemm)."""
-  instructions, computations, current = {}, collections.defaultdict(list), None
-  for line in hlo_text.splitlines():
-    stripped = line.strip()
-    if " = " not in stripped:
-      if stripped.endswith("{"):
-        current = stripped.split()[1 if stripped.startswith("ENTRY") else 0].lstrip("%")
-      continue
-    name, rhs = stripped.split(" = ", 1)
-    name = name.replace("ROOT", "").strip().lstrip("%")
-    result_type, rest = hlo.split_type(rhs)
-    opcode = rest.split("(", 1)[0].strip()
-    operands, attributes = _parenthesized(rest)
-    target = re.search(r'custom_call_target="([^"]+)"', attributes) or _FUSION_KIND.search(attributes)
-    calls = re.search(r"calls=%?([\w.\-]+)", attributes)
-    instructions[name] = (
-      opcode,
-      result_type,
-      _DTYPE.findall(operands) or _operand_dtypes(operands, instructions),
-      target.group(1) if target else "",
-      calls.group(1) if calls else "",
-    )
-    if current:
-      computations[current].append(name)
-  return instructions, computations
-
-
-def _operand_dtypes(operands, instructions):
-  """Operand dtypes when the operands are printed as bare names."""
-  out = []
-  for name in re.findall(r"%([\w.\-]+)", operands):
-    if name in instructions:
-      out += _DTYPE.findall(instructions[name][1])[:1]
+def op_categories(hlo_text, on_gpu=True):
+  """{HLO instruction name: (category, kind)} of a step's optimized HLO, in aot.hlo's categories (gemm, attention,
+  elementwise, collective) and kinds; ("container", opcode) for a loop, call or conditional (its time is its body's
+  ops'). `on_gpu=False`: a dot is the host library's GEMM (kind by its operands' type), not XLA:GPU's loop."""
+  module = hlo.parse(hlo_text or "")
+  out = {}
+  for instrs in module.computations.values():
+    for instr in instrs:
+      if instr.opcode in _CONTAINERS:
+        out[instr.name] = ("container", instr.opcode)
+        continue
+      found = hlo.classify(module, instr)
+      if found is None and instr.opcode.endswith("-done") and hlo.collective_opcode(module.operand(instr, 0) or instr):
+        found = ("collective", hlo.collective_opcode(module.operand(instr, 0)), 0.0, ())
+      if found is None:
+        continue
+      category, kind, _, dtypes = found
+      if kind == "naive_loop" and not on_gpu:
+        kind = hlo.gemm_kind(dtypes)
+      out[instr.name] = (category, kind)
   return out
 
 
-def _gemm_label(dtypes):
-  a, b = (dtypes + dtypes)[:2] if dtypes else ("?", "?")
-  short = lambda d: "f8" if d.startswith("f8") else ("f4" if d.startswith("f4") else d)
-  return f"gemm {short(a)}" if short(a) == short(b) else f"gemm {short(a)}x{short(b)}"
-
-
-def _body_dot(calls, instructions, computations, depth=0):
-  """The operand dtypes of the first dot in a called computation (nested fusions searched too), or None."""
-  for name in computations.get(calls, ()):
-    sub_opcode, _, sub_dtypes, _, sub_calls = instructions.get(name, ("",) * 5)
-    if sub_opcode in ("dot", "convolution", "scaled-dot"):
-      return sub_dtypes
-    if sub_opcode == "fusion" and sub_calls and depth < 4:
-      found = _body_dot(sub_calls, instructions, computations, depth + 1)
-      if found is not None:
-        return found
-  return None
-
-
-def classify(op_name, instructions, computations):
-  """The category (GEMMs as 'gemm <dtype>'; 'container' for loops and calls) of one optimized-HLO op, or None."""
-  if op_name not in instructions:
-    return None
-  opcode, _, dtypes, target, calls = instructions[op_name]
-  if opcode in _CONTAINERS:
-    return "container"
-  if opcode in ("dot", "convolution", "scaled-dot"):
-    return _gemm_label(dtypes)
-  if opcode == "custom-call":
-    lowered = target.lower()
-    if "fmha" in lowered or "flash" in lowered or "attention" in lowered:
-      return "attention"
-    if any(k in lowered for k in ("gemm", "matmul", "cublas", "dot")):
-      return _gemm_label(dtypes)
-    return "other"
-  if opcode == "fusion" and target in _GEMM_FUSION_KINDS:
-    return _gemm_label(_body_dot(calls, instructions, computations) or dtypes)
-  if any(opcode.startswith(c) for c in _COLLECTIVES):
-    return "collective"
-  if opcode in ("copy", "copy-start", "copy-done", "transpose"):
-    return "copy/transpose"
-  if calls:
-    return _classify_fusion_body(calls, instructions, computations)
-  if opcode in ("fusion", "reduce", "convert", "multiply", "add", "select", "broadcast"):
-    return "quantization/elementwise"
-  return None
-
-
-def _classify_fusion_body(calls, instructions, computations):
-  body = [instructions[n] for n in computations.get(calls, ()) if n in instructions]
-  for sub_opcode, _, sub_dtypes, sub_target, _ in body:
-    if sub_opcode in ("dot", "convolution", "scaled-dot"):
-      return _gemm_label(sub_dtypes)
-    if sub_opcode == "custom-call" and ("fmha" in sub_target.lower() or "flash" in sub_target.lower()):
-      return "attention"
-    if any(sub_opcode.startswith(c) for c in _COLLECTIVES):
-      return "collective"
-  if body and all(o in ("parameter", "copy", "transpose", "bitcast", "reshape") for o, *_ in body):
-    return "copy/transpose"
-  return "quantization/elementwise"
-
-
-def kernel_names(instructions):
+def kernel_names(op_names):
   """{kernel-style name: HLO op}: XLA names a fusion's GPU kernel after the op with '.' and '-' as '_'
   (gemm_fusion_dot.7 -> gemm_fusion_dot_7), sometimes with a '_<n>' suffix."""
-  return {re.sub(r"[.\-]", "_", n): n for n in instructions}
+  return {re.sub(r"[.\-]", "_", n): n for n in op_names}
 
 
 def kernel_op(kernel_name, names):
@@ -348,49 +243,55 @@ def _device_events(xplane_path):
   return events, (gpu[0].name if gpu else "/host:CPU")
 
 
+def _event_category(name, hlo_op, ops, names):
+  """(category, kind) of one trace event: its hlo_op's, else the op its kernel name leads to, else its name's
+  pattern; ("container", ...) for a loop's own event."""
+  found = ops.get(hlo_op.split(",")[0]) or ops.get(kernel_op(name, names))
+  if found is not None:
+    return found
+  return next(((c, k) for c, k, pattern in _KERNEL_PATTERNS if pattern.search(name)), ("elementwise", "other"))
+
+
 def summarize(xplane_path, hlo_text, steps):
-  """Device time per step by category and the top kernels, from a trace and the step's optimized HLO."""
-  instructions, computations = parse_hlo(hlo_text or "")
-  names = kernel_names(instructions)
+  """Device time per step by category (aot.hlo's) and by category/kind, and the top kernels, from a trace and the
+  step's optimized HLO."""
   events, device = _device_events(xplane_path)
-  by_category, by_kernel = collections.Counter(), {}
+  ops = op_categories(hlo_text, on_gpu=device.startswith("/device:GPU"))
+  names = kernel_names(ops)
+  by_category, by_kind, by_kernel = collections.Counter(), collections.Counter(), {}
   for name, hlo_op, ns in events:
-    category = classify(hlo_op.split(",")[0], instructions, computations)
-    if category is None:
-      category = classify(kernel_op(name, names), instructions, computations)
+    category, kind = _event_category(name, hlo_op, ops, names)
     if category == "container":
       continue
-    if category is None:
-      category = next(
-        (c for c, pattern in _KERNEL_PATTERNS if pattern.search(name)),
-        "quantization/elementwise" if hlo_op else "other",
-      )
     by_category[category] += ns
-    kernel = by_kernel.setdefault(name, {"name": name, "hlo_op": hlo_op, "category": category, "ns": 0.0, "count": 0})
+    by_kind[f"{category}/{kind}"] += ns
+    kernel = by_kernel.setdefault(
+      name, {"name": name, "hlo_op": hlo_op, "category": category, "kind": kind, "ns": 0.0, "count": 0}
+    )
     kernel["ns"] += ns
     kernel["count"] += 1
   total = sum(by_category.values())
   per_step = lambda ns: ns / steps / 1e6
-  categories = [
-    {"category": c, "ms_per_step": per_step(ns), "share": ns / total if total else 0.0}
-    for c, ns in by_category.most_common()
-  ]
+  share = lambda ns: ns / total if total else 0.0
   top = sorted(by_kernel.values(), key=lambda k: -k["ns"])[:TOP_KERNELS]
-  kernels = [
-    {
-      "name": k["name"],
-      "hlo_op": k["hlo_op"],
-      "category": k["category"],
-      "ms_per_step": per_step(k["ns"]),
-      "calls_per_step": k["count"] / steps,
-    }
-    for k in top
-  ]
   return {
     "device": device,
     "device_ms_per_step": per_step(total),
-    "categories": categories,
-    "top_kernels": kernels,
+    "categories": [
+      {"category": c, "ms_per_step": per_step(ns), "share": share(ns)} for c, ns in by_category.most_common()
+    ],
+    "kinds": [{"kind": k, "ms_per_step": per_step(ns), "share": share(ns)} for k, ns in by_kind.most_common()],
+    "top_kernels": [
+      {
+        "name": k["name"],
+        "hlo_op": k["hlo_op"],
+        "category": k["category"],
+        "kind": k["kind"],
+        "ms_per_step": per_step(k["ns"]),
+        "calls_per_step": k["count"] / steps,
+      }
+      for k in top
+    ],
     "trace": xplane_path,
   }
 
@@ -418,16 +319,20 @@ def format_summary(summary):
   lines = [
     f"profile: device time per step {summary['device_ms_per_step']:.2f} ms on {summary['device']} "
     f"(trace {summary['trace']})",
-    f"  {'category':<26} {'ms/step':>9} {'share':>7}",
+    f"  {'category / kind':<26} {'ms/step':>9} {'share':>7}",
   ]
-  lines += [f"  {c['category']:<26} {c['ms_per_step']:>9.2f} {c['share']:>7.1%}" for c in summary["categories"]]
+  for c in summary["categories"]:
+    lines.append(f"  {c['category']:<26} {c['ms_per_step']:>9.2f} {c['share']:>7.1%}")
+    kinds = [k for k in summary.get("kinds", []) if k["kind"].startswith(c["category"] + "/")]
+    lines += [f"    {k['kind']:<24} {k['ms_per_step']:>9.2f} {k['share']:>7.1%}" for k in kinds if len(kinds) > 1]
   if summary.get("attention_tflops"):
     lines.append(
       f"  attention kernels: {summary['attention_tflops']:.0f} TFLOP/s (causal, forward + backward = 3 x forward)"
     )
-  lines.append(f"  top kernels: {'ms/step':>9} {'calls':>6}  category                   name")
+  lines.append(f"  top kernels: {'ms/step':>9} {'calls':>6}  category/kind              name")
   lines += [
-    f"  {'':<13}{k['ms_per_step']:>9.2f} {k['calls_per_step']:>6.1f}  {k['category']:<26} {k['name'][:90]}"
+    f"  {'':<13}{k['ms_per_step']:>9.2f} {k['calls_per_step']:>6.1f}  {k['category'] + '/' + k['kind']:<26} "
+    f"{k['name'][:90]}"
     for k in summary["top_kernels"][:PRINTED_KERNELS]
   ]
   return "\n".join(lines)

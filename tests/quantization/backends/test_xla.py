@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from MaxText.model import accounting
-from tests import hlo_dots
+from tests import stablehlo
 from MaxText import precision, train
 from MaxText.quantization import backends, get_recipe, qmatmul
 from MaxText.quantization.backends import emulated, xla as xla_backend
@@ -131,7 +131,7 @@ def test_nvfp4_options_lowered_for_cuda(as_if_on_a_gpu, options, per_dense):
     step, platforms=["cuda"], disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__op$block_scaled_dot")]
   )(*args)
   assert len(_block_scaled_dots(exported.mlir_module())) == per_dense * 3 * cfg.base_num_decoder_layers
-  by_dtype = hlo_dots.dot_flops_by_dtype(exported.mlir_module())
+  by_dtype = stablehlo.dot_flops_by_dtype(exported.mlir_module())
   flops = accounting.training_flops_per_device(cfg)
   block_scaled = flops.mlp * per_dense / 3
   assert sum(by_dtype.values()) == pytest.approx(flops.total + flops.attention_core - block_scaled, rel=1e-9)

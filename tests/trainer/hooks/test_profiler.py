@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from MaxText.aot import hlo
 from MaxText.trainer.hooks import profiler as profiling
 
 # Shaped like XLA's optimized GPU HLO: cuBLAS and cuBLASLt FP8 GEMM custom calls, a Triton GEMM fusion,
@@ -59,29 +60,43 @@ ENTRY %main (a: bf16[128,64], b: bf16[64,32], x8: f8e4m3fn[128,64], w8: f8e4m3fn
 """
 
 
-def test_gpu_ops_are_classified_by_what_they_compute():
-  instructions, computations = profiling.parse_hlo(GPU_HLO)
+def test_gpu_ops_are_classified_in_the_hlo_models_categories():
+  """The profile's categories are aot.hlo's (what train_compile's estimate uses), with its kinds."""
+  ops = profiling.op_categories(GPU_HLO)
   expected = {
-    "custom-call.12": "gemm bf16",
-    "cublas-lt-matmul.3": "gemm f8",
-    "gemm_fusion_dot.7": "gemm bf16",
-    "gemm_fusion_dot.9": "gemm bf16",
-    "custom-call.5": "attention",
-    "all-reduce-start.1": "collective",
-    "transpose_fusion": "copy/transpose",
-    "loop_convert_fusion": "quantization/elementwise",
-    "while.4": "container",
+    "custom-call.12": ("gemm", "bf16"),
+    "cublas-lt-matmul.3": ("gemm", "fp8"),
+    "gemm_fusion_dot.7": ("gemm", "triton"),
+    "gemm_fusion_dot.9": ("gemm", "triton"),
+    "custom-call.5": ("attention", "cudnn"),
+    "all-reduce-start.1": ("collective", "all-reduce"),
+    "transpose_fusion": ("elementwise", "copy"),
+    "loop_convert_fusion": ("elementwise", "fusion"),
+    "while.4": ("container", "while"),
   }
-  assert {op: profiling.classify(op, instructions, computations) for op in expected} == expected
-  assert profiling.classify("not-an-op", instructions, computations) is None
-  assert instructions["gemm_fusion_dot.9"][3] == "__triton_nested_gemm_fusion"
+  assert {op: ops[op] for op in expected} == expected
+  assert {category for category, _ in ops.values()} <= {*hlo.CATEGORIES, "container"}
+  assert "not-an-op" not in ops and "p0" not in ops  # parameters launch nothing
+
+
+def test_a_dot_on_the_host_is_the_librarys_gemm_not_xlas_loop():
+  text = """HloModule m
+
+ENTRY %main (a: f32[8,4], b: f32[4,2]) -> f32[8,2] {
+  %a = f32[8,4]{1,0} parameter(0)
+  %b = f32[4,2]{1,0} parameter(1)
+  ROOT %dot.3 = f32[8,2]{1,0} dot(f32[8,4]{1,0} %a, f32[4,2]{1,0} %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+  assert profiling.op_categories(text)["dot.3"] == ("gemm", "naive_loop")
+  assert profiling.op_categories(text, on_gpu=False)["dot.3"] == ("gemm", "f32")
 
 
 def test_triton_gemm_kernels_without_an_hlo_op_are_found_by_name():
   """XLA:GPU names a Triton GEMM's kernel after its fusion (triton_gemm_* / gemm_fusion_*): when the trace
-  gives no hlo_op we know, the name leads to the op and its operand dtypes, not to a bare 'gemm'."""
-  instructions, computations = profiling.parse_hlo(GPU_HLO)
-  names = profiling.kernel_names(instructions)
+  gives no hlo_op we know, the name leads to the op, not to a bare pattern match."""
+  ops = profiling.op_categories(GPU_HLO)
+  names = profiling.kernel_names(ops)
   for kernel, op in (
     ("gemm_fusion_dot_7", "gemm_fusion_dot.7"),
     ("gemm_fusion_dot_9_0", "gemm_fusion_dot.9"),
@@ -89,9 +104,9 @@ def test_triton_gemm_kernels_without_an_hlo_op_are_found_by_name():
     ("sm90_xmma_gemm_bf16", None),
   ):
     assert profiling.kernel_op(kernel, names) == op
-  assert (
-    profiling.classify(profiling.kernel_op("gemm_fusion_dot_9_0", names), instructions, computations) == "gemm bf16"
-  )
+  assert profiling._event_category("gemm_fusion_dot_9_0", "", ops, names) == ("gemm", "triton")
+  assert profiling._event_category("sm90_xmma_gemm_bf16", "", ops, names) == ("gemm", "other")
+  assert profiling._event_category("ncclDevKernel_AllGather", "", ops, names) == ("collective", "nccl")
 
 
 def test_attention_tflops_from_the_attention_kernels_time():
