@@ -88,8 +88,8 @@ train-compile: te
 bench: setup
 	$(PY) benchmarks/quantize_bench.py
 
-# Issue #20's GPU measurements, part by part (scripts/gpu_bench.sh: ARGS="throughput-8b", "--cpu-smoke", ...). No
-# setup: on a GPU host it runs the host's python3 (PYTHON=...), with the wheels fetch_wheels.sh made in .whl/.
+# The single-GPU measurements, part by part (scripts/gpu_bench.sh: ARGS="throughput-8b", "--cpu-smoke", ...). No
+# setup: on a GPU host it runs the host's python3 (PYTHON=...), with the wheels scripts/gpu_bench_wheels.sh made in .whl/.
 gpu-bench:
 	scripts/gpu_bench.sh $(ARGS)
 

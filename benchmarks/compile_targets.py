@@ -97,7 +97,7 @@ def compile_row(config, target, overrides, keep=None):
   directory) the step's optimized HLO and the compiler's dump are kept there."""
   with tempfile.TemporaryDirectory() as tmp:
     report = pathlib.Path(tmp) / "report.json"
-    argv = [sys.executable, "-m", "MaxText.train_compile", str(REPO / config), *target, *overrides]
+    argv = [sys.executable, "-m", "MaxText.train_compile", config, *target, *overrides]  # cwd: REPO
     env = dict(os.environ)
     if keep:
       pathlib.Path(keep).mkdir(parents=True, exist_ok=True)

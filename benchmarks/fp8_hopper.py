@@ -1,4 +1,4 @@
-"""FP8 on Hopper, compiled (issue #44): the 8B-layer bench config's train step for h100-1 in bf16, FP8 delayed scaling
+"""FP8 on Hopper, compiled: the 8B-layer bench config's train step for h100-1 in bf16, FP8 delayed scaling
 (MaxText's `fp8`) and FP8 current scaling on every Dense layer; the step estimate, the speed against bf16 and the 1.3x
 goal, where the time goes (GEMMs, the quantizers' extra elementwise time and bytes), the ratio with quantization for
 free, and the kernels that hold the ratio back. Every figure is train_compile's roofline estimate of the program
@@ -28,7 +28,7 @@ from MaxText.aot import hlo, roofline, targets  # noqa: E402
 
 CONFIG = "configs/bench/llama3_8b_4layers_seq8192.yml"
 TARGET = "h100-1"
-GOAL = 1.3  # #44: FP8 current and delayed scaling on every Dense layer >= 1.3x the BF16 step's speed
+GOAL = 1.3  # the goal: FP8 current and delayed scaling on every Dense layer >= 1.3x the BF16 step's speed
 ALL_DENSE = "quantization_scope=all_dense"
 MODES = {
   "bf16": ["quantization="],

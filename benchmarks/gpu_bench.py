@@ -1,4 +1,5 @@
-"""Issue #20's GPU measurements, one part per call, each written as one JSON file and printed as a table.
+"""The single-GPU measurements (make gpu-bench), one part per call, each written as one JSON file and printed as a
+table.
 
     python benchmarks/gpu_bench.py PART [--cpu-smoke] [--out DIR] [key=value ...]   (scripts/gpu_bench.sh: all)
 
@@ -21,7 +22,8 @@ The JSON (DIR/PART.json, SCHEMA = 1):
   schema, part, status ("ok" | "failed"), error (null or one line), smoke (bool), command (str),
   started (UTC ISO time), seconds (the part's wall time), machine {commit, device, host, jax},
   metrics: [{name, subject (mode / variant / quantizer, or ""), value (a finite number), unit,
-             target (issue #20's, e.g. ">= 1.3", or null), met (bool; null without a target or in a smoke run)}],
+             target (THROUGHPUT_TARGETS and the others below, e.g. ">= 1.3", or null),
+             met (bool; null without a target or in a smoke run)}],
   detail: the harness's own rows.
 The file is written "failed" before the part starts, and again with the metrics so far after each mode or step
 of a part, so a part killed midway leaves one that says so and keeps what it measured.
@@ -64,7 +66,7 @@ SMOKE_OVERRIDES = [
   "attention=dot_product",
   "hardware=cpu",
 ]
-# Issue #20's targets per bench config: bf16 MFU; speed vs bf16 (FP8 all-dense); step time vs bf16 (NVFP4).
+# The targets per bench config: bf16 MFU; speed vs bf16 (FP8 all-dense); step time vs bf16 (NVFP4).
 THROUGHPUT_TARGETS = {
   BENCH_8B: {"mfu": 0.50, FP8_ALL_DENSE: 1.3, "te_nvfp4": 1.10, "te_nvfp4_no_rht": 1.05},
   BENCH_1B: {"mfu": 0.45, FP8_ALL_DENSE: 1.2, "te_nvfp4": 1.20, "te_nvfp4_no_rht": 1.10},

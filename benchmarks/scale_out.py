@@ -1,4 +1,4 @@
-"""The sharded train step on 8 virtual CPU devices (issue #46): per mesh and mode, the share of the optimizer state's
+"""The sharded train step on 8 virtual CPU devices: per mesh and mode, the share of the optimizer state's
 bytes replicated on every device, the compiled step's collective data per device (and its ratio to bf16's on the
 same mesh), and its peak memory (XLA's memory analysis). One table; compiled here, nothing run.
 

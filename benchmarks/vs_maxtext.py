@@ -118,7 +118,8 @@ SHARED_KEYS = {
 # skip_jax_distributed_system: single process (MaxText otherwise expects a launcher's environment on CPU).
 THEIRS_KEYS = {"skip_jax_distributed_system": "true", "enable_dropout": "false", "log_config": "false"}
 # mode -> (our keys, MaxText's keys). fp8 is the same key on both sides; te_fp8_currentscaling pits our current-scaling
-# recipe on every Dense layer against MaxText's fp8 (delayed scaling): different recipes, the pairing issue #37 quoted.
+# recipe on every Dense layer against MaxText's fp8 (delayed scaling): different recipes, paired as
+# users compare them.
 MODES = {
   "bf16": ({}, {}),
   "fp8": ({"quantization": "fp8"}, {"quantization": "fp8"}),

@@ -9,9 +9,9 @@
 # others still run; the exit status is the number of parts that failed.
 #
 # On a GPU host without the data stack (grain, ...) and without a package index: make the wheels where pip
-# reaches the index, `../shared/gpu/fetch_wheels.sh .whl` (.whl/ is git-ignored), take .whl along (the device
-# machine: carry [".whl"]), and where an import fails this script installs them (--no-index) into
-# GPU_BENCH_SITE before the first part. Every import working: it goes on without them.
+# reaches the index, `scripts/gpu_bench_wheels.sh .whl` (.whl/ is git-ignored), take .whl along to the GPU host,
+# and where an import fails this script installs them (--no-index) into GPU_BENCH_SITE before the first part.
+# Every import working: it goes on without them.
 set -uo pipefail
 
 PARTS=(throughput-8b throughput-1b attention quantize restart)
@@ -50,7 +50,7 @@ if ! needs >/dev/null && compgen -G "$wheels/*.whl" >/dev/null; then
 fi
 if ! missing=$(needs); then
   echo "gpu-bench: $py can't import what the trainer needs ($(tail -n1 <<<"$missing")); make the wheels with" \
-    "../shared/gpu/fetch_wheels.sh $wheels and bring $wheels along; every part skipped" | tee -a "$log"
+    "scripts/gpu_bench_wheels.sh $wheels where pip reaches an index and bring $wheels along; every part skipped" | tee -a "$log"
   exit ${#parts[@]}
 fi
 

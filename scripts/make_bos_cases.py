@@ -51,7 +51,11 @@ def cases():
   bos_template = tok["post_processor"]
   return {
     "post_processor_bos": (bos_template, config, "Llama 3's: a TemplateProcessing post-processor puts BOS first"),
-    "no_post_processor": (None, None, "no post-processor, no tokenizer_config.json (issue 43's checkpoint)"),
+    "no_post_processor": (
+      None,
+      None,
+      "no post-processor, no tokenizer_config.json (a checkpoint whose tokenizer adds no BOS)",
+    ),
     "add_bos_token_false": (
       bos_template,
       {**llama, "add_bos_token": False},
@@ -136,7 +140,7 @@ def main():
   reference = {
     "transformers": transformers.__version__,
     "torch": torch.__version__,
-    "command": "/tmp/tfvenv/bin/python scripts/make_bos_cases.py",
+    "command": "python scripts/make_bos_cases.py (in a venv with transformers and torch)",
     "model": "tests/data/hf_tiny (weights, config.json) with each case's tokenizer files",
     "prompts": list(PROMPTS),
     "cases": {},

@@ -4,8 +4,8 @@ generation_config.json and the tokenizer.
 The export is a list of named tensors, each with the function that computes it in blocks of rows
 (`ExportTensor`), laid out into files of at most max_shard_bytes before any is computed, then computed and written
 one parameter kind at a time: host memory holds one stacked parameter (restored from the checkpoint as a NumPy
-array) and one block of at most BLOCK_BYTES. A variant that writes other tensors for some parameters (issue #34's
-NVFP4 export) passes its own list to `write_tensors` and its own config fields to `write_model_files`.
+array) and one block of at most BLOCK_BYTES. A variant that writes other tensors for some parameters (the
+NVFP4 serving export) passes its own list to `write_tensors` and its own config fields to `write_model_files`.
 """
 
 import dataclasses

@@ -108,7 +108,7 @@ def quantizers_for(recipe: Recipe, kernels=Kernels.AUTO) -> Kernels:
   """Who quantizes `recipe`'s operands under `kernels` (quantizer_impl.resolve's answer), except that `auto` keeps
   per-tensor FP8 on the XLA path: there XLA fuses the quantizer with the transposed copy the GEMM reads and with
   its neighbours, and on one H100 it ran faster than the Pallas kernel (fp8 current on [8192, 16384]: 0.313 vs
-  0.409 ms, ../shared/gpu/H100-2026-11-27.md). `pallas` still runs the kernel (the same bits)."""
+  0.409 ms, benchmarks/results/h100-2026-11-27/). `pallas` still runs the kernel (the same bits)."""
   if not recipe.quantized or (recipe.format.per_tensor_fp8 and kernels is Kernels.AUTO):
     return Kernels.XLA
   return quantizer_impl.resolve(kernels)
