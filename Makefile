@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup data data-english train compare test test-avx2 test-hostile test-all lint docs bench gpu-bench clean te \
+.PHONY: setup data data-english train compare test test-avx2 test-slow test-hostile test-all lint docs bench gpu-bench clean te \
 	test-te train-compile
 
 $(VENV)/.installed: requirements.txt
@@ -50,8 +50,12 @@ test: $(VENV)/.dev-installed
 test-avx2: $(VENV)/.dev-installed
 	$(PY) benchmarks/isa_cap.py avx2 -- $(PY) -m pytest -q -n 2 tests
 
-# The hostile cases' slow half (tests/hostile: the conversions' cases, resumes after a killed save, full disks): what
-# `make test` leaves out of them for time; .ci/run runs both.
+# What `make test` leaves out for time (marked slow: the multi-device and multi-process trainings, resumes after
+# signals and killed saves, exports of fine-tuned models, the hostile cases' conversions and full disks); .ci/run
+# runs it after `make test`. test-hostile: the hostile cases' slow half alone.
+test-slow: $(VENV)/.dev-installed
+	$(PY) -m pytest -q -n 2 -m slow tests
+
 test-hostile: $(VENV)/.dev-installed
 	$(PY) -m pytest -q -n 2 -m slow tests/hostile
 

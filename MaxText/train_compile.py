@@ -77,6 +77,13 @@ def check_outputs(cfg):
       storage.check_output_file(getattr(cfg, key), key, example)
 
 
+def recorded_command(argv):
+  """The command a report records: what was compiled, without where its outputs went (compile_report=,
+  compile_hlo=: paths of the machine that wrote them, which would make the same setup read as a different one)."""
+  outputs = ("compile_report=", "compile_hlo=")
+  return ["python", "-m", "MaxText.train_compile", *(a for a in argv if not a.startswith(outputs))]
+
+
 def _compile(argv):
   cfg = config_lib.load(*config_lib.split_argv(argv))
   parse_target(cfg)
@@ -91,7 +98,7 @@ def _compile(argv):
     step, rep = compile_and_report(cfg)
   except BackendError as e:
     raise backend_error_for_key(cfg, e) from None
-  rep["command"] = ["python", "-m", "MaxText.train_compile", *argv]
+  rep["command"] = recorded_command(argv)
   print(aot_step.format_report(rep))
   with preemption.deferred():  # both files or, on a stop signal, neither
     if cfg.compile_report:

@@ -46,3 +46,14 @@ def test_help_from_any_directory(tmp_path):
   assert out.returncode == 0, out.stderr
   assert out.stdout.startswith("Compile the trainer's own train step for an NVIDIA GPU target")
   assert "compile_topology" in out.stdout
+
+
+def test_a_report_records_what_was_compiled_not_where_it_was_written():
+  argv = ["configs/llama3_8b.yml", "compile_topology=gb200-8", "compile_report=/tmp/r.json", "compile_hlo=/tmp/s.hlo"]
+  assert train_compile.recorded_command(argv) == [
+    "python",
+    "-m",
+    "MaxText.train_compile",
+    "configs/llama3_8b.yml",
+    "compile_topology=gb200-8",
+  ]

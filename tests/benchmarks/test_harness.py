@@ -48,7 +48,7 @@ def test_analysis_on_known_curves():
   assert "| slow |" in parity.markdown(rows, 0.3) and "> 1.00x" in parity.markdown(rows, 0.3)
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_parity_harness_writes_curves_table_plot_and_resumes(tmp_path, capsys, monkeypatch):
   # From another directory, with a relative --config and --out (read against it), a third directory in between.
   (tmp_path / "work").mkdir()
@@ -77,7 +77,7 @@ def test_parity_harness_writes_curves_table_plot_and_resumes(tmp_path, capsys, m
   assert "completed step" not in capsys.readouterr().out
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_throughput_table(tmp_path, capsys):
   assert (
     throughput.main(

@@ -50,8 +50,8 @@ def _sigterm_after(monkeypatch, stop_step):
   "extra",
   [
     [],
-    ["quantization=te_fp8_delayedscaling", "amax_history_len=4"],  # the amax histories are state too
-    pytest.param("grain+nvfp4", id="grain-te_nvfp4"),  # the data position, and NVFP4's SR keys
+    pytest.param(["quantization=te_fp8_delayedscaling", "amax_history_len=4"], marks=pytest.mark.slow),  # amax histories
+    pytest.param("grain+nvfp4", id="grain-te_nvfp4", marks=pytest.mark.slow),  # the data position, NVFP4's SR keys
   ],
 )
 @pytest.mark.heavy
@@ -77,7 +77,7 @@ def test_sigterm_then_rerun_gives_identical_losses(tmp_path, monkeypatch, corpus
   "sig, code",
   [  # SIGTERM's handling runs in-process in test_sigterm_then_rerun_...
     pytest.param(signal.SIGTERM, 0, marks=pytest.mark.slow),
-    (signal.SIGINT, 130),
+    pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
   ],
 )
 def test_cli_stop_signal_exits_cleanly_and_resumes(tmp_path, sig, code):
@@ -207,7 +207,7 @@ def _cli(tmp_path, *extra, run="cli"):
   )
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_damaged_changed_and_finished_runs_lose_nothing(tmp_path):
   """One run (checkpoints 2, 4) resumed four ways: another model shape (named, nothing moved), a finished
   run (nothing to train), damage at 4 plus a junk 99 with keep=2 (both moved aside, 4 rewritten,
@@ -324,7 +324,7 @@ def test_a_checkpoint_directory_gone_mid_run_names_the_step_and_the_last_good_on
   assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_resume_under_other_data_or_recipe_state_is_named_and_nothing_is_moved(tmp_path, corpus, capsys):
   def run(*extra, name="x"):
     code = train.main(

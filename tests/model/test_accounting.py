@@ -131,7 +131,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_the_estimates_sharded_state_is_what_the_compiled_step_takes():
   """The train step compiled on 8 CPU devices (XLA's memory analysis): its arguments, the parameters and AdamW state
   as the run shards them plus a batch shard, are the estimate's sharded params + optimizer to within 1%, in bf16 and

@@ -241,7 +241,7 @@ def test_backward_override_step_quantizes_fprop_only_and_runs_bf16_gemms(overrid
   assert set(by_dtype) == {("bf16", "bf16")}, by_dtype
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_four_over_six_trains_from_the_command_line_and_te_refuses_it(tmp_path, capsys):
   base = [
     str(REPO / "configs" / "llama3_tiny.yml"),

@@ -38,7 +38,7 @@ np.savez(sys.argv[1], **{jax.tree_util.keystr(path): np.asarray(leaf).astype(np.
 """
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 @pytest.mark.skipif(not TEST_XLA_FLAGS, reason="the suite compiles as the trainer does (no level 0 to check)")
 def test_every_quantizer_gives_the_same_bits_at_level_0_and_the_default(tmp_path):
   runs = {}

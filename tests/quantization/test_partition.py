@@ -210,7 +210,7 @@ def _run(recipes, cases, extras=()):
   return run_on_cpu_devices(SCRIPT, json.dumps(recipes), json.dumps(cases), json.dumps(list(extras)))
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_partitioned_gemm_equals_one_device():
   """te_nvfp4 (RHT, SR, 16x16 weight tiles) on every kind of split; the quantized operands bit for bit. Where a
   contraction is split (dgrad and wgrad over tokens or tensor shards, a row GEMM's forward) the f32 partial sums are
@@ -240,6 +240,7 @@ def test_partitioned_gemm_equals_one_device():
     assert dx_exact or "tensor2" in label, label  # the dgrad sums over tensor shards only
 
 
+@pytest.mark.slow
 def test_the_xla_backends_pallas_operands_per_shard_are_the_whole_operands():
   """The xla backend's narrow kernels (interpret mode) on each shard of a 4 x 2 mesh, rows of very different
   magnitudes: the plain amax (XLA's reduction in the producer, no RHT) and the RHT amax pass's each the largest over

@@ -65,6 +65,7 @@ print("RESULT" + json.dumps([float(l) for l in losses]))
 """
 
 
+@pytest.mark.slow
 def test_a_backend_registered_here_trains_llama3_tiny_on_1_and_8_devices(tmp_path, int8_registered):
   assert backends.resolve(get_recipe("te_fp8_currentscaling"), "int8_toy") is int8_registered
   cfg = config.load(REPO / "configs" / "llama3_tiny.yml", KEYS)

@@ -1,5 +1,6 @@
 """The persistent compilation cache: a restart compiles nothing it compiled before; a bad directory is a warning."""
 
+import pytest
 import os
 
 import jax
@@ -14,6 +15,7 @@ def _entries(path):
   return sorted(p for p in os.listdir(path) if not p.startswith("."))
 
 
+@pytest.mark.slow
 def test_a_second_start_compiles_nothing_new(tmp_path):
   cache = tmp_path / "cache"
   cfg = config.load(

@@ -33,7 +33,7 @@ def _env(rank, port, nnodes=2):
   )
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_two_processes_train_together_and_agree(tmp_path):
   port = _free_port()
   args = [

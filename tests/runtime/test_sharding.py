@@ -122,7 +122,7 @@ def _runs(recipes, meshes):
   return {f"{r or 'bf16'}/{m}": (r, MESHES[m]) for r in recipes for m in meshes}
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_sharded_training_matches_one_device(tmp_path):
   """fsdp, context and tensor parallelism at once, trained in BF16 (the tight tolerance); NVFP4's sharded numbers
   (blocks within shards, the global amax) are checked bit for bit on a quantized GEMM's value and gradients. NVFP4
@@ -177,7 +177,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_te_nvfp4_step_moves_no_more_collective_data_than_bf16():
   """The compiled steps on 8 CPU devices (collective data per device per step, loops by their trip counts): the
   te_nvfp4 step's quantized GEMMs are partitioned like the bf16 ones (weights gathered as bf16 block-scaled values,

@@ -120,6 +120,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_train_state_is_sharded_like_the_params_on_8_devices(tmp_path):
   """Every optimizer-state copy of a parameter (AdamW's mu, nu) has that parameter's sharding, from init and from a
   checkpoint written with replicated moments; only AdamW's count and the amax histories are replicated (MaxText's

@@ -54,7 +54,7 @@ def test_loss_falls_and_metrics_are_written(tmp_path):
   assert [r["step"] for r in records] == list(range(25)) and records[-1]["total_weights"] == 8 * 32
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 @jax.default_matmul_precision("highest")  # f32 means f32 (a GPU's default for f32 dots is TF32)
 def test_scan_and_loop_and_remat_train_the_same(tmp_path):
   ref = train.train(_cfg(tmp_path, "steps=3", "dtype=float32", "remat_policy=none"))
@@ -75,7 +75,7 @@ def test_nvfp4_mlp_trains(tmp_path):
   assert np.mean(losses[-3:]) < losses[0] - 0.5
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_cpu_gemm_dtype_changes_the_gemms_dtype_not_the_numbers(tmp_path, capsys, cpu_gemm_choice):
   """FP8 MLP GEMMs and bf16 attention and lm head GEMMs on f32 or on bf16 operands (the cpu_gemm_dtype key), and the
   plan says which ran: the first loss is the same up to the f32 sums' order; later ones drift apart only by the few

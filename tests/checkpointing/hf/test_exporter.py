@@ -52,7 +52,7 @@ def test_float32_export_holds_the_same_values(hf_tiny_import, tmp_path):
     assert exported[name].dtype == np.float32 and np.array_equal(exported[name], a.astype(np.float32)), name
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_a_te_nvfp4_fine_tune_exports_and_reimports_to_its_parameters(hf_tiny_import, tmp_path):
   overrides = [
     "steps=3",

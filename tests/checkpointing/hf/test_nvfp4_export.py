@@ -227,6 +227,7 @@ def test_config_files_and_every_other_tensor(exports, tmp_path):
     assert (out / name).read_bytes() == (tmp_path / "bf16" / name).read_bytes()
 
 
+@pytest.mark.slow
 def test_a_forward_pass_from_the_files_alone_reproduces_ours(exports):
   cfg, out = exports["fused"]
   cfg = cfg.replace(dtype="float32", disable_stochastic_rounding=True)
