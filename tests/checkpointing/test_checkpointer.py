@@ -50,7 +50,7 @@ def _sigterm_after(monkeypatch, stop_step):
   "extra",
   [
     [],
-    pytest.param(["quantization=te_fp8_delayedscaling", "amax_history_len=4"], marks=pytest.mark.slow),  # amax histories
+    pytest.param(["quantization=te_fp8_delayedscaling", "amax_history_len=4"], marks=pytest.mark.slow),  # amax state
     pytest.param("grain+nvfp4", id="grain-te_nvfp4", marks=pytest.mark.slow),  # the data position, NVFP4's SR keys
   ],
 )
