@@ -76,12 +76,12 @@ class Tiling:
       return pl.BlockSpec((self.block_blocks, BLOCK, self.block_rows), lambda i, j: (j, 0, i))
     return pl.BlockSpec((self.block_rows, self.block_blocks, 8 if self.packed else BLOCK), lambda i, j: (i, j, 0))
 
-  def load(self, x_ref):
-    """The sixteen position tensors, f32."""
+  def load(self, x_ref, isa=ptx.Isa(False, False)):
+    """The sixteen position tensors, f32 (`isa`: the instructions bf16 pairs are unpacked with)."""
     if self.transpose:
       return [x_ref[:, i, :].astype(jnp.float32) for i in range(BLOCK)]
     if self.packed:
-      return [v for pair in self.load_pairs(x_ref) for v in ptx.bf16x2_unpack(pair)]
+      return [v for pair in self.load_pairs(x_ref) for v in ptx.bf16x2_unpack(isa, pair)]
     return [x_ref[:, :, i].astype(jnp.float32) for i in range(BLOCK)]
 
   def load_pairs(self, x_ref):
@@ -141,7 +141,7 @@ def _signed_sum(a, b, negate_a, negate_b):
 
 def bf16_inputs(isa, tiling: Tiling, x_ref):
   """The sixteen position tensors rounded to bf16 (the XLA path rounds the RHT's input), f32."""
-  p = tiling.load(x_ref)
+  p = tiling.load(x_ref, isa)
   if tiling.dtype == jnp.bfloat16:
     return p
   return [v for i in range(0, BLOCK, 2) for v in ptx.bf16_rn_pair(isa, p[i], p[i + 1])]
@@ -155,9 +155,9 @@ def positions_and_amax_bits(isa, tiling: Tiling, x_ref, rht):
   elif tiling.packed:
     pairs = tiling.load_pairs(x_ref)
   else:
-    p = tiling.load(x_ref)
+    p = tiling.load(x_ref, isa)
     return p, magnitude_max_bits(p)
-  return [v for pair in pairs for v in ptx.bf16x2_unpack(pair)], ptx.bf16x2_magnitude_max_bits(isa, pairs)
+  return [v for pair in pairs for v in ptx.bf16x2_unpack(isa, pair)], ptx.bf16x2_magnitude_max_bits(isa, pairs)
 
 
 def magnitude_max_bits(p):
@@ -213,7 +213,7 @@ def quantize_body(isa, scalars_ref, mixes_ref, blocks_ref, x_ref, words_ref, cod
   code, encode = block_scales(isa, block_amax, scalars_ref[0], scalars_ref[1])
   nan = jnp.isnan(encode)
   scale = encode * np.float32(0.25) if rht else encode
-  values = [v * scale for v in p]
+  values = [ptx.paired(isa, "mul", v, scale) for v in p]
   if mixes_ref is None:
     words = [ptx.e2m1_word_rn(isa, values[h * 8 : h * 8 + 8]) for h in range(2)]
   else:

@@ -5,8 +5,8 @@ rounding form too), the E4M3 and bf16 conversions and rcp.rn every NVIDIA GPU th
 feature is off (Hopper; CPU and Pallas' interpret mode, which cannot run inline PTX) each function computes its
 twin, the instruction's definition in jnp, which Triton lowers to integer and f32 arithmetic. The inline PTX is
 `elementwise_inline_asm` over tensors of one shape: one asm instance per element (pack=1), so Triton's register
-layout never changes what an instance sees; the paired FP32 adds take two elements per instance (pack=2), which is
-the same for any two: each lane is its own element's add.
+layout never changes what an instance sees; the paired FP32 operations take two elements per instance (pack=2),
+which is the same for any two: each lane is its own element's operation.
 """
 
 import dataclasses
@@ -34,7 +34,7 @@ class Isa:
 
   asm: bool
   fp4: bool
-  f32x2: bool = False  # Blackwell's paired FP32 arithmetic (add / sub / mul .f32x2: two lanes per instruction)
+  f32x2: bool = False  # Blackwell's paired FP32 arithmetic (.f32x2: two lanes per instruction), mixed-precision adds
 
 
 def isa_for(interpret):
@@ -146,14 +146,26 @@ def bf16x2_rn(isa: Isa, a, b):
   return _u32(pair)
 
 
-def bf16x2_unpack(pair):
+# bf16 -> f32 as Blackwell's mixed-precision add of -0 (exact; a floating-point instruction, where the shift or mask
+# of the bits is an integer one): the low or high half of a packed pair.
+_BF16_TO_F32 = """{{
+.reg .b16 lo, hi;
+mov.b32 {{lo, hi}}, $1;
+add.rn.f32.bf16 $0, {half}, 0f80000000;
+}}"""
+
+
+def bf16x2_unpack(isa: Isa, pair):
   """The two bfloat16 of a packed pair (uint32, the low half first) as f32."""
-  return grids.f32_from_bits(pair << np.uint32(16)), grids.f32_from_bits(pair & _HIGH_HALF)
+  if not isa.f32x2:
+    return grids.f32_from_bits(pair << np.uint32(16)), grids.f32_from_bits(pair & _HIGH_HALF)
+  pair = jax.lax.bitcast_convert_type(pair, jnp.int32)
+  return tuple(_asm(_BF16_TO_F32.format(half=half), [pair], "=f,r", [jnp.float32])[0] for half in ("lo", "hi"))
 
 
 def bf16_rn_pair(isa: Isa, a, b):
   """(a, b) rounded to bfloat16 (to nearest even), as f32: one cvt.rn.bf16x2.f32 for the two."""
-  return bf16x2_unpack(bf16x2_rn(isa, a, b))
+  return bf16x2_unpack(isa, bf16x2_rn(isa, a, b))
 
 
 _ABS_MAX_BF16X2 = "max.NaN.xorsign.abs.bf16x2 $0, $1, $2;"
@@ -202,19 +214,22 @@ mov.b64 {{$0, $1}}, d;
 }}"""
 
 
-def butterfly_x2(isa: Isa, a, b):
-  """(a + b, a - b) of f32 tensors, rounded to nearest (subnormals kept): two elements per add.rn.f32x2 /
-  sub.rn.f32x2 where the target has them (pack=2: an instance takes two elements of each tensor, the same two of
-  every tensor, whatever they are: the operation is elementwise)."""
+def paired(isa: Isa, op, a, b):
+  """a + b, a - b or a * b (op "add", "sub", "mul") of f32 tensors of one shape, rounded to nearest (subnormals
+  kept): two elements per .f32x2 instruction where the target has them (pack=2: an instance takes the same two
+  elements of a and b, whichever they are: each lane is its own element's operation)."""
   if not isa.f32x2:
-    return a + b, a - b
-  return tuple(
-    pl_triton.elementwise_inline_asm(
-      _PAIRED.format(op=op),
-      args=[a, b],
-      constraints="=f,=f,f,f,f,f",
-      pack=2,
-      result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)],
-    )[0]
-    for op in ("add", "sub")
+    return {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply}[op](a, b)
+  (out,) = pl_triton.elementwise_inline_asm(
+    _PAIRED.format(op=op),
+    args=[a, b],
+    constraints="=f,=f,f,f,f,f",
+    pack=2,
+    result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)],
   )
+  return out
+
+
+def butterfly_x2(isa: Isa, a, b):
+  """(a + b, a - b) of f32 tensors, `paired` where the target has it."""
+  return paired(isa, "add", a, b), paired(isa, "sub", a, b)
