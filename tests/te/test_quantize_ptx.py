@@ -13,22 +13,22 @@ from MaxText.aot import devices, targets
 from MaxText.quantization import target as quant_target
 from MaxText.quantization.kernels import pallas_quantize
 
-ROWS, COLS = 1024, 2048  # whole 4096-element programs: 32 elements per thread at 4 warps
-ELEMENTS_PER_THREAD = 32
+ROWS, COLS = 1024, 2048  # whole 8192-element programs: 64 elements per thread at 4 warps
+ELEMENTS_PER_THREAD = 64
 VARIANTS = {  # kernel name: (nvfp4_narrow options, transposed read)
   "quantize_nvfp4_narrow": {},
   "quantize_nvfp4_sr_narrow": {"stochastic_rounding": True},
   "quantize_nvfp4_rht_narrow": {"rht": True, "transpose": True},
   "quantize_nvfp4_rht_sr_narrow": {"rht": True, "stochastic_rounding": True, "transpose": True},
 }
-# PTX thread-instructions per element on sm_100a (ptxas' input, one instruction per statement), with ~10% slack
-# over what the kernels compile to: a change that puts per-element work back shows here.
+# PTX statements per element on sm_100a (ptxas' input, one per statement, the inline PTX's register moves included),
+# with ~10% slack over what the kernels compile to: a change that puts per-element work back shows here.
 SM100_BUDGET = {
-  "quantize_nvfp4_narrow": 11.5,
-  "quantize_nvfp4_sr_narrow": 15.0,
-  "quantize_nvfp4_rht_narrow": 20.5,
-  "quantize_nvfp4_rht_sr_narrow": 24.0,
-  "quantize_amax_rht": 14.0,
+  "quantize_nvfp4_narrow": 10.3,
+  "quantize_nvfp4_sr_narrow": 12.8,
+  "quantize_nvfp4_rht_narrow": 21.0,
+  "quantize_nvfp4_rht_sr_narrow": 23.0,
+  "quantize_amax_rht": 13.0,
 }
 
 
@@ -60,7 +60,10 @@ def compiled_kernels(gpu_name, tmp_path, names=tuple(VARIANTS)):
     dump = tmp_path / f"{gpu_name}_{i}"
     fn = lambda x, k, o=options: pallas_quantize.nvfp4_narrow(x, key=k if o.get("stochastic_rounding") else None, **o)
     with quant_target.compiling_for(gpu.sm, 1), jax.default_device(device):
-      jax.jit(fn).lower(x, key).compile(compiler_options={"xla_dump_to": str(dump)})
+      # at XLA's backend optimization as the trainer compiles (the suite's conftest lowers it for speed): the PTX a
+      # run gets
+      options = {"xla_dump_to": str(dump), "xla_backend_optimization_level": 2}
+      jax.jit(fn).lower(x, key).compile(compiler_options=options)
     for path in glob.glob(str(dump / "*.ptx")):
       found.update({k: v for k, v in entries(open(path).read()).items() if k.startswith("quantize_")})
   return found
@@ -74,7 +77,7 @@ def test_blackwell_kernels_convert_with_the_fp4_instructions(gpu_name, tmp_path)
   for name in names:
     ops = kernels[name]
     rn, rs = ops.count("cvt.rn.satfinite.e2m1x2.f32"), ops.count("cvt.rs.satfinite.e2m1x4.f32")
-    if "_sr" in name:  # two per 8 elements, 4 per block, 32 elements a thread
+    if "_sr" in name:  # two per 8 elements, 4 per block, 64 elements a thread
       assert (rn, rs) == (0, ELEMENTS_PER_THREAD // 4)
     else:
       assert (rn, rs) == (ELEMENTS_PER_THREAD // 2, 0)

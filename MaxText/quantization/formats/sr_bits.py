@@ -65,6 +65,23 @@ def word_of_row_key(row_keys, groups):
   return fmix32((groups * _WEYL) ^ row_keys)
 
 
+def row_mix(row_keys):
+  """row_key's contribution to the first xor-shift of `word`'s finalizer: (a ^ r) ^ ((a ^ r) >> 16) is
+  (a ^ (a >> 16)) ^ (r ^ (r >> 16)), so the row's half is computed once per row (by whoever computes row_key)."""
+  return row_keys ^ (row_keys >> np.uint32(16))
+
+
+def word_of_row_mix(row_mixes, groups, xor3=lambda a, b, c: a ^ b ^ c):
+  """word(key, row, group) given row_mix(row_key(key, row)): uint32, broadcasting. `xor3(a, b, c)` = a ^ b ^ c (a
+  kernel's one three-input logic instruction)."""
+  scattered = groups * _WEYL
+  h = xor3(scattered, scattered >> np.uint32(16), row_mixes)
+  h = h * _M1
+  h = h ^ (h >> np.uint32(13))
+  h = h * _M2
+  return h ^ (h >> np.uint32(16))
+
+
 def word(k0, k1, rows, groups):
   """The random word of group `groups` (element cols 4g..4g+3) of row `rows`, uint32, broadcasting."""
   return word_of_row_key(row_key(k0, k1, rows), groups)

@@ -5,11 +5,13 @@ Layout: a program owns [rows, blocks] 16-element blocks and holds them as sixtee
 shape (P[i] = element i of every block), each loaded with its own strided load: the operand's transpose (x_t, dy_t,
 w) as [blocks, rows] tensors contiguous along the rows (vector loads), the operand as stored as [rows, blocks]
 tensors of uint32 bf16 pairs (or f32). Then everything a block needs is arithmetic between tensors of one register
-layout: the RHT's butterfly (four adds per element, in the XLA path's stage order), the block amax (an integer max
-per element), the block scale (once per block, not once per element), the scaling and the conversion (ptx.py: the
-hardware FP4 conversions on Blackwell, their twins elsewhere), the stochastic-rounding words (sr_bits: one hash per
-4 elements). No register tensor is reshaped, sliced or reduced across threads except for 16x16 tiles' row maxima
-and the transposes of the two output words and the scale per block.
+layout: the RHT's butterfly (four adds per element, in the XLA path's stage order, the signs folded into the first
+stage's adds; two elements per instruction on Blackwell), the block amax (bf16 values: one packed maximum of
+magnitudes per two elements), the block scale (once per block, not once per element), the scaling and the conversion
+(ptx.py: the hardware FP4 conversions on Blackwell, their twins elsewhere), the stochastic-rounding words (sr_bits: one
+hash per 4 elements, its per-row part computed outside the kernel). No register tensor is reshaped, sliced or
+reduced across threads except for 16x16 tiles' row maxima and the transposes of the two output words and the scale
+per block.
 
 Same bits as nvfp4.quantize (out="nvfp4") for the 1x16 and 16x16 recipes with and without RHT and SR; one
 exception by design: the RHT's 1/4 is applied to the bf16-rounded sums (exact) instead of before their rounding,
@@ -31,7 +33,7 @@ from MaxText.quantization.kernels import pallas_layout, ptx
 BLOCK = nvfp4.BLOCK
 KERNEL_PREFIX = "quantize_"
 _NUM_WARPS = 4
-BLOCKS_PER_PROGRAM = 256  # 4096 elements: 32 per thread at 4 warps
+BLOCKS_PER_PROGRAM = 512  # 8192 elements: 64 per thread at 4 warps (fewer address computations per element)
 _NAN_WORD = np.uint32(0x88888888)  # eight E2M1 NaNs as XLA's convert writes them (-0)
 _RHT_NEGATIVE = tuple(i for i, s in enumerate(nvfp4.RHT_SIGNS) if s < 0)
 
@@ -74,17 +76,17 @@ class Tiling:
       return pl.BlockSpec((self.block_blocks, BLOCK, self.block_rows), lambda i, j: (j, 0, i))
     return pl.BlockSpec((self.block_rows, self.block_blocks, 8 if self.packed else BLOCK), lambda i, j: (i, j, 0))
 
-  def load(self, x_ref):
-    """The sixteen position tensors, f32."""
+  def load(self, x_ref, isa=ptx.Isa(False, False)):
+    """The sixteen position tensors, f32 (`isa`: the instructions bf16 pairs are unpacked with)."""
     if self.transpose:
       return [x_ref[:, i, :].astype(jnp.float32) for i in range(BLOCK)]
     if self.packed:
-      out = []
-      for j in range(BLOCK // 2):
-        u = x_ref[:, :, j]
-        out += [grids.f32_from_bits(u << np.uint32(16)), grids.f32_from_bits(u & np.uint32(0xFFFF0000))]
-      return out
+      return [v for pair in self.load_pairs(x_ref) for v in ptx.bf16x2_unpack(isa, pair)]
     return [x_ref[:, :, i].astype(jnp.float32) for i in range(BLOCK)]
+
+  def load_pairs(self, x_ref):
+    """`packed` only: the eight uint32 tensors of bf16 pairs (positions 2j, 2j+1) as stored."""
+    return [x_ref[:, :, j] for j in range(BLOCK // 2)]
 
   def to_stored(self, t):
     """A per-block tensor in the outputs' [rows, blocks] order."""
@@ -99,7 +101,7 @@ class Tiling:
 def make_tiling(rows, blocks, *, transpose, dtype, tile_rows=1):
   """Tiles of about BLOCKS_PER_PROGRAM blocks; rows a multiple of tile_rows (16x16 tiles stay whole)."""
   if transpose:
-    block_rows = pallas_layout.pow2_divisor(rows, 64)
+    block_rows = pallas_layout.pow2_divisor(rows, 128)
     block_blocks = pallas_layout.pow2_divisor(blocks, max(1, BLOCKS_PER_PROGRAM // block_rows))
   else:
     block_blocks = pallas_layout.pow2_divisor(blocks, 8)
@@ -112,18 +114,50 @@ def make_tiling(rows, blocks, *, transpose, dtype, tile_rows=1):
 # ---------------------------------------------------------------- the per-element arithmetic
 
 
-def hadamard16_unscaled(isa, p):
+def hadamard16_pairs(isa, p):
   """nvfp4.hadamard16 of the blocks whose positions are p[0..15], without its final 1/4: round_to_bf16(H16 @ (signs *
-  x)) as f32, for the caller to scale by 1/4 exactly. The butterfly runs over index bits 3, 2, 1, 0, as the XLA path."""
-  h = [-v if i in _RHT_NEGATIVE else v for i, v in enumerate(p)]
-  for bit in (8, 4, 2, 1):
+  x)) as eight packed bf16 pairs (positions 2j, 2j+1; uint32), for the caller to scale by 1/4 exactly. The butterfly
+  runs over index bits 3, 2, 1, 0, as the XLA path."""
+  h = list(p)
+  for i in range(BLOCK // 2):  # bit 3, the signs folded in
+    negative = (i in _RHT_NEGATIVE, i + 8 in _RHT_NEGATIVE)
+    h[i], h[i + 8] = _signed_sum(p[i], p[i + 8], *negative), _signed_sum(p[i], p[i + 8], negative[0], not negative[1])
+  for bit in (4, 2, 1):
     for i in range(BLOCK):
       if not i & bit:
-        h[i], h[i | bit] = h[i] + h[i | bit], h[i] - h[i | bit]
-  out = []
-  for i in range(0, BLOCK, 2):
-    out += list(ptx.bf16_rn_pair(isa, h[i], h[i + 1]))
-  return out
+        h[i], h[i | bit] = ptx.butterfly_x2(isa, h[i], h[i | bit])
+  return [ptx.bf16x2_rn(isa, h[i], h[i + 1]) for i in range(0, BLOCK, 2)]
+
+
+def _signed_sum(a, b, negate_a, negate_b):
+  """(-a if negate_a else a) + (-b if negate_b else b) with IEEE's bits (signed zeros included) in one add where one
+  term is negated (x + (-y) is x - y); both negated takes the exact product a * -1 (the XLA path's sign) first."""
+  if negate_a and negate_b:
+    return a * np.float32(-1.0) - b
+  if negate_a:
+    return b - a
+  return a - b if negate_b else a + b
+
+
+def bf16_inputs(isa, tiling: Tiling, x_ref):
+  """The sixteen position tensors rounded to bf16 (the XLA path rounds the RHT's input), f32."""
+  p = tiling.load(x_ref, isa)
+  if tiling.dtype == jnp.bfloat16:
+    return p
+  return [v for i in range(0, BLOCK, 2) for v in ptx.bf16_rn_pair(isa, p[i], p[i + 1])]
+
+
+def positions_and_amax_bits(isa, tiling: Tiling, x_ref, rht):
+  """(the sixteen f32 position tensors to convert: the RHT's unscaled if rht, else the operand's; the blocks' max
+  magnitude bits): from packed bf16 pairs where the values are bf16 (two magnitudes per maximum)."""
+  if rht:
+    pairs = hadamard16_pairs(isa, bf16_inputs(isa, tiling, x_ref))
+  elif tiling.packed:
+    pairs = tiling.load_pairs(x_ref)
+  else:
+    p = tiling.load(x_ref, isa)
+    return p, magnitude_max_bits(p)
+  return [v for pair in pairs for v in ptx.bf16x2_unpack(isa, pair)], ptx.bf16x2_magnitude_max_bits(isa, pairs)
 
 
 def magnitude_max_bits(p):
@@ -153,29 +187,24 @@ def block_scales(isa, block_amax, s_enc, s_dec):
   return code, encode
 
 
-def sr_words(key_ref, rows_ref, blocks_ref, tiling: Tiling):
-  """The four random words of every block (groups 4b .. 4b + 3 of its row), sr_bits.word."""
-  rows = rows_ref[...]
+def sr_words(isa, mixes_ref, blocks_ref, tiling: Tiling):
+  """The four random words of every block (groups 4b .. 4b + 3 of its row), sr_bits.word, from its row's
+  sr_bits.row_mix (computed outside the kernel, once per row)."""
+  mixes = mixes_ref[...]
   blocks = blocks_ref[...]
   if tiling.transpose:
-    rows, blocks = rows[None, :], blocks[:, None]
+    mixes, blocks = mixes[None, :], blocks[:, None]
   else:
-    rows, blocks = rows[:, None], blocks[None, :]
-  row_keys = sr_bits.row_key(key_ref[0], key_ref[1], rows)
+    mixes, blocks = mixes[:, None], blocks[None, :]
   groups = blocks * np.uint32(4)
-  return [sr_bits.word_of_row_key(row_keys, groups + np.uint32(q)) for q in range(4)]
+  xor3 = functools.partial(ptx.xor3, isa)
+  return [sr_bits.word_of_row_mix(mixes, groups + np.uint32(q), xor3) for q in range(4)]
 
 
-def quantize_body(
-  isa, scalars_ref, key_ref, rows_ref, blocks_ref, x_ref, words_ref, codes_ref, *, tiling, rht, tile_rows
-):
-  """One program: the blocks' packed E2M1 words and E4M3 scale codes; scalars_ref = (S_enc, 1/S_enc)."""
-  p = tiling.load(x_ref)
-  if rht:
-    if tiling.dtype != jnp.bfloat16:  # the XLA path rounds the RHT's input to bf16
-      p = [v for i in range(0, BLOCK, 2) for v in ptx.bf16_rn_pair(isa, p[i], p[i + 1])]
-    p = hadamard16_unscaled(isa, p)
-  bits = magnitude_max_bits(p)
+def quantize_body(isa, scalars_ref, mixes_ref, blocks_ref, x_ref, words_ref, codes_ref, *, tiling, rht, tile_rows):
+  """One program: the blocks' packed E2M1 words and E4M3 scale codes; scalars_ref = (S_enc, 1/S_enc); with stochastic
+  rounding, mixes_ref / blocks_ref = the program's rows' sr_bits.row_mix and blocks' global indices."""
+  p, bits = positions_and_amax_bits(isa, tiling, x_ref, rht)
   if tile_rows == BLOCK:
     bits = tile_max(bits, tiling)
   block_amax = grids.f32_from_bits(bits)
@@ -184,11 +213,11 @@ def quantize_body(
   code, encode = block_scales(isa, block_amax, scalars_ref[0], scalars_ref[1])
   nan = jnp.isnan(encode)
   scale = encode * np.float32(0.25) if rht else encode
-  values = [v * scale for v in p]
-  if key_ref is None:
+  values = [ptx.paired(isa, "mul", v, scale) for v in p]
+  if mixes_ref is None:
     words = [ptx.e2m1_word_rn(isa, values[h * 8 : h * 8 + 8]) for h in range(2)]
   else:
-    w = sr_words(key_ref, rows_ref, blocks_ref, tiling)
+    w = sr_words(isa, mixes_ref, blocks_ref, tiling)
     words = [ptx.e2m1_word_rs(isa, values[h * 8 : h * 8 + 8], w[2 * h : 2 * h + 2]) for h in range(2)]
   for h, word in enumerate(words):
     words_ref[:, :, h] = tiling.to_stored(jnp.where(nan, _NAN_WORD, word))
@@ -197,10 +226,8 @@ def quantize_body(
 
 def amax_rht_body(isa, x_ref, o_ref, *, tiling):
   """One program's max |RHT(x)| as magnitude bits (of the bf16 sums; the caller applies the 1/4)."""
-  p = tiling.load(x_ref)
-  if tiling.dtype != jnp.bfloat16:
-    p = [v for i in range(0, BLOCK, 2) for v in ptx.bf16_rn_pair(isa, p[i], p[i + 1])]
-  o_ref[...] = jnp.max(magnitude_max_bits(hadamard16_unscaled(isa, p))).reshape(1, 1, 1)
+  pairs = hadamard16_pairs(isa, bf16_inputs(isa, tiling, x_ref))
+  o_ref[...] = jnp.max(ptx.bf16x2_magnitude_max_bits(isa, pairs)).reshape(1, 1, 1)
 
 
 # ---------------------------------------------------------------- the calls
@@ -238,9 +265,9 @@ def quantize(x_padded, s_enc, *, transpose, tile_rows, rht, key, sr_rows, sr_blo
   scalars = jnp.stack([s_enc, grids.div_rn(1.0, s_enc)])
   inputs, specs = [scalars], [pl.BlockSpec((2,), lambda i, j: (0,))]
   if key is not None:
-    inputs += [sr_bits.key_words(key), sr_rows, sr_blocks]
+    k0, k1 = sr_bits.key_words(key)
+    inputs += [sr_bits.row_mix(sr_bits.row_key(k0, k1, sr_rows)), sr_blocks]
     specs += [
-      pl.BlockSpec((2,), lambda i, j: (0,)),
       pl.BlockSpec((tiling.block_rows,), lambda i, j: (i,)),
       pl.BlockSpec((tiling.block_blocks,), lambda i, j: (j,)),
     ]
@@ -248,9 +275,9 @@ def quantize(x_padded, s_enc, *, transpose, tile_rows, rht, key, sr_rows, sr_blo
 
   def body(*refs):
     scalars_ref, *rest = refs
-    key_refs = rest[:3] if key is not None else (None, None, None)
+    sr_refs = rest[:2] if key is not None else (None, None)
     x_ref, words_ref, codes_ref = rest[-3:]
-    quantize_body(isa, scalars_ref, *key_refs, x_ref, words_ref, codes_ref, tiling=tiling, rht=rht, tile_rows=tile_rows)
+    quantize_body(isa, scalars_ref, *sr_refs, x_ref, words_ref, codes_ref, tiling=tiling, rht=rht, tile_rows=tile_rows)
 
   words, codes = pl.pallas_call(
     body,

@@ -5,10 +5,12 @@ rounding form too), the E4M3 and bf16 conversions and rcp.rn every NVIDIA GPU th
 feature is off (Hopper; CPU and Pallas' interpret mode, which cannot run inline PTX) each function computes its
 twin, the instruction's definition in jnp, which Triton lowers to integer and f32 arithmetic. The inline PTX is
 `elementwise_inline_asm` over tensors of one shape: one asm instance per element (pack=1), so Triton's register
-layout never changes what an instance sees.
+layout never changes what an instance sees; the paired FP32 operations take two elements per instance (pack=2),
+which is the same for any two: each lane is its own element's operation.
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -20,16 +22,19 @@ from MaxText.quantization.formats import grids
 from MaxText.quantization.formats import ptx_convert as cvt
 from MaxText.quantization.formats import sr_bits
 
+_HIGH_HALF = np.uint32(0xFFFF0000)
+_LOW_MAGNITUDE = np.uint32(0x7FFF)
 FP4_SM = (100, 103)  # cvt.rn.satfinite.e2m1x2 (sm_100a+) and cvt.rs...e2m1x4 (sm_100a, sm_103a only)
 
 
 @dataclasses.dataclass(frozen=True)
 class Isa:
-  """Which instructions the kernel may use: `asm` (inline PTX at all: an NVIDIA GPU, not interpret mode) and `fp4`
-  (Blackwell's FP4 conversions)."""
+  """Which instructions the kernel may use: `asm` (inline PTX at all: an NVIDIA GPU, not interpret mode), `fp4`
+  (Blackwell's FP4 conversions) and `f32x2`."""
 
   asm: bool
   fp4: bool
+  f32x2: bool = False  # Blackwell's paired FP32 arithmetic (.f32x2: two lanes per instruction), mixed-precision adds
 
 
 def isa_for(interpret):
@@ -38,7 +43,7 @@ def isa_for(interpret):
     return Isa(False, False)
   named = target.named()
   sm = named.sm if named is not None else target.local_gpu_sm()
-  return Isa(True, sm in FP4_SM)
+  return Isa(True, sm in FP4_SM, sm in FP4_SM)
 
 
 def _asm(text, args, constraints, dtypes):
@@ -133,10 +138,98 @@ def rcp_rn(isa: Isa, x):
   return cvt.rcp_rn(x)
 
 
+def bf16x2_rn(isa: Isa, a, b):
+  """(a, b) rounded to bfloat16 (to nearest even) and packed, a in the low half: one cvt.rn.bf16x2.f32, uint32."""
+  if not isa.asm:
+    return (grids.f32_bits(cvt.bf16_rn(a)) >> np.uint32(16)) | (grids.f32_bits(cvt.bf16_rn(b)) & _HIGH_HALF)
+  (pair,) = _asm("cvt.rn.bf16x2.f32 $0, $2, $1;", [a, b], "=r,f,f", [jnp.int32])
+  return _u32(pair)
+
+
+# bf16 -> f32 as Blackwell's mixed-precision add of -0 (exact; a floating-point instruction, where the shift or mask
+# of the bits is an integer one): the low or high half of a packed pair.
+_BF16_TO_F32 = """{{
+.reg .b16 lo, hi;
+mov.b32 {{lo, hi}}, $1;
+add.rn.f32.bf16 $0, {half}, 0f80000000;
+}}"""
+
+
+def bf16x2_unpack(isa: Isa, pair):
+  """The two bfloat16 of a packed pair (uint32, the low half first) as f32."""
+  if not isa.f32x2:
+    return grids.f32_from_bits(pair << np.uint32(16)), grids.f32_from_bits(pair & _HIGH_HALF)
+  pair = jax.lax.bitcast_convert_type(pair, jnp.int32)
+  return tuple(_asm(_BF16_TO_F32.format(half=half), [pair], "=f,r", [jnp.float32])[0] for half in ("lo", "hi"))
+
+
 def bf16_rn_pair(isa: Isa, a, b):
   """(a, b) rounded to bfloat16 (to nearest even), as f32: one cvt.rn.bf16x2.f32 for the two."""
+  return bf16x2_unpack(isa, bf16x2_rn(isa, a, b))
+
+
+_ABS_MAX_BF16X2 = "max.NaN.xorsign.abs.bf16x2 $0, $1, $2;"
+# The larger half of a packed magnitude maximum, as f32 bits: swap the halves, one more maximum, the high half's
+# magnitude kept.
+_HALVES_MAX_BF16X2 = """{
+.reg .b32 t;
+prmt.b32 t, $1, 0, 0x1032;
+max.NaN.xorsign.abs.bf16x2 t, $1, t;
+and.b32 $0, t, 0x7FFF0000;
+}"""
+
+
+def bf16x2_magnitude_max_bits(isa: Isa, pairs):
+  """max |v| over every bfloat16 of the packed pairs (uint32 tensors) as f32 magnitude bits (uint32), NaN (some NaN)
+  if any is NaN: a packed maximum of magnitudes per two pairs (max.NaN.xorsign.abs.bf16x2, whose result's sign bits
+  are discarded), then one for the two halves."""
   if not isa.asm:
-    return cvt.bf16_rn(a), cvt.bf16_rn(b)
-  (pair,) = _asm("cvt.rn.bf16x2.f32 $0, $2, $1;", [a, b], "=r,f,f", [jnp.int32])
-  pair = _u32(pair)
-  return grids.f32_from_bits(pair << np.uint32(16)), grids.f32_from_bits(pair & np.uint32(0xFFFF0000))
+    halves = [jnp.maximum(p & _LOW_MAGNITUDE, (p >> np.uint32(16)) & _LOW_MAGNITUDE) for p in pairs]
+    return functools.reduce(jnp.maximum, halves) << np.uint32(16)
+  m = [jax.lax.bitcast_convert_type(p, jnp.int32) for p in pairs]
+  while len(m) > 1:
+    m = [_asm(_ABS_MAX_BF16X2, m[i : i + 2], "=r,r,r", [jnp.int32])[0] for i in range(0, len(m), 2)] + (
+      m[-1:] if len(m) % 2 else []
+    )
+  (bits,) = _asm(_HALVES_MAX_BF16X2, m, "=r,r", [jnp.int32])
+  return _u32(bits)
+
+
+def xor3(isa: Isa, a, b, c):
+  """a ^ b ^ c of uint32 tensors: one lop3.b32 (the three-input logic instruction) where inline PTX is available."""
+  if not isa.asm:
+    return a ^ b ^ c
+  shape = jnp.broadcast_shapes(a.shape, b.shape, c.shape)
+  args = [jnp.broadcast_to(jax.lax.bitcast_convert_type(v, jnp.int32), shape) for v in (a, b, c)]
+  (out,) = _asm("lop3.b32 $0, $1, $2, $3, 0x96;", args, "=r,r,r,r", [jnp.int32])
+  return _u32(out)
+
+
+_PAIRED = """{{
+.reg .b64 a, b, d;
+mov.b64 a, {{$2, $3}};
+mov.b64 b, {{$4, $5}};
+{op}.rn.f32x2 d, a, b;
+mov.b64 {{$0, $1}}, d;
+}}"""
+
+
+def paired(isa: Isa, op, a, b):
+  """a + b, a - b or a * b (op "add", "sub", "mul") of f32 tensors of one shape, rounded to nearest (subnormals
+  kept): two elements per .f32x2 instruction where the target has them (pack=2: an instance takes the same two
+  elements of a and b, whichever they are: each lane is its own element's operation)."""
+  if not isa.f32x2:
+    return {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply}[op](a, b)
+  (out,) = pl_triton.elementwise_inline_asm(
+    _PAIRED.format(op=op),
+    args=[a, b],
+    constraints="=f,=f,f,f,f,f",
+    pack=2,
+    result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)],
+  )
+  return out
+
+
+def butterfly_x2(isa: Isa, a, b):
+  """(a + b, a - b) of f32 tensors, `paired` where the target has it."""
+  return paired(isa, "add", a, b), paired(isa, "sub", a, b)

@@ -56,3 +56,11 @@ def test_stochastic_rounding_with_them_is_unbiased():
   spacing = np.where(x < 2, 0.5, np.where(x < 4, 1.0, 2.0))
   bias = np.asarray(q.mean(axis=1)) - x
   assert np.all(np.abs(bias) < 4 * spacing / np.sqrt(4 * 40_000))  # within 4 sigma of the mean's spread
+
+
+def test_words_from_a_rows_mix_are_the_words():
+  k0, k1 = np.uint32(0x12345678), np.uint32(0x9ABCDEF0)
+  rows = jnp.asarray([0, 1, 7, 4095, 2**31 + 5, 2**32 - 1], jnp.uint32)[:, None]
+  groups = jnp.asarray([0, 1, 2, 3, 1000, 2**30 + 3, 2**32 - 1], jnp.uint32)[None, :]
+  mixes = sr_bits.row_mix(sr_bits.row_key(k0, k1, rows))
+  np.testing.assert_array_equal(sr_bits.word_of_row_mix(mixes, groups), sr_bits.word(k0, k1, rows, groups))
