@@ -50,6 +50,7 @@ def _check_record(out, part):
   return {(m["name"], m["subject"]): m["value"] for m in record["metrics"]}
 
 
+@pytest.mark.slow
 def test_a_failed_part_is_one_line_and_the_others_still_run(tmp_path):
   proc = _gpu_bench(tmp_path, "no-such-part", "quantize")
   assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -194,6 +194,12 @@ def test_b200_1_nvfp4_xla_backend_reads_the_pallas_narrow_operands_and_writes_bf
   assert rows["quantize_nvfp4_narrow"]["bytes_per_element"] == pytest.approx(2 + 0.5 + 1 / 16, rel=0.05)
 
 
+# The stochastically rounding kernels the H100 timed on 2026-11-27 drew threefry bits per element; today's draw one
+# counter-hash word per 4 elements (formats/sr_bits.py), so their measurement is of code that is gone: the model must
+# not price today's above it (a regression); the next `make gpu-bench` measures today's against its prediction.
+SR_CHANGED_SINCE_MEASURED = {"nvfp4 1x16 SR (dy)", "nvfp4 RHT+SR (dy_t)"}
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize(
   "quantizer", ["nvfp4 1x16 (x)", "nvfp4 1x16 SR (dy)", "nvfp4 16x16 (w, f32)", "nvfp4 RHT+SR (dy_t)"]
@@ -210,4 +216,7 @@ def test_the_kernel_model_reproduces_the_h100_quantizer_times_within_20_percent(
   assert all(k.code.entry.target == "sm_90a" for k in kernels if k.kind == "pallas")
   estimate = sum(roofline.kernel_seconds(k, h100) * k.count for k in kernels) * 1e3
   measured = rc.measured_quantizer_ms()[f"{quantizer} [pallas]"]
-  assert estimate == pytest.approx(measured, rel=0.2), (estimate, measured)
+  if quantizer in SR_CHANGED_SINCE_MEASURED:
+    assert estimate <= measured * 1.2, (estimate, measured)
+  else:
+    assert estimate == pytest.approx(measured, rel=0.2), (estimate, measured)

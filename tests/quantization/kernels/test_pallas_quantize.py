@@ -126,7 +126,8 @@ def test_kernels_give_the_xla_paths_bits_for_every_role(name):
   _assert_roles_equal(name, _quantize_roles(name, roles, Kernels.INTERPRET), _quantize_roles(name, roles, Kernels.XLA))
 
 
-@pytest.mark.parametrize("mode", ["mse", pytest.param("mae", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["mse", "mae"])
 def test_the_four_over_six_kernel_gives_the_xla_paths_bits_for_every_role(mode):
   """Four Over Six in the NVFP4 kernel: 1x16 (x, w_t), 16x16 tiles (w), SR (dy), RHT (x_t), RHT + SR (dy_t), on
   random and adversarial operands; the kernel path is taken, not the XLA fallback."""
