@@ -5,6 +5,7 @@ NVLink inside a domain and the NIC across, categories that add up, MFU against t
 import collections
 import dataclasses
 import math
+import types
 
 import pytest
 
@@ -162,3 +163,13 @@ def test_quantizer_kernels_report_per_element_work_and_what_bounds_it():
 def test_the_pallas_kernel_name_comes_from_its_op_path():
   assert _pallas("quantize_nvfp4_rht_sr_narrow", 1, 1).pallas_name == "quantize_nvfp4_rht_sr_narrow"
   assert _kernel("elementwise", "fusion", scope="a/quantize_x/pallas_call").pallas_name == ""
+
+
+def test_a_quantizer_counts_the_values_it_writes_not_its_packed_operand():
+  """The narrow NVFP4 kernel reads bf16 pairs as u32 words (u32[1024,16,8]: 262,144 values) and writes two E2M1 codes
+  a byte (u32[1024,16,2]) and a scale a block (u8[1024,16]): its tensor is 262,144 values; an FP8 quantizer writes
+  one code a byte; an amax pass writes no codes."""
+  instr = types.SimpleNamespace(shapes=[hlo.Array("u32", (1024, 16, 2)), hlo.Array("u8", (1024, 16))])
+  assert hlo.quantizer_codes(_pallas("quantize_nvfp4_narrow", 0, 0), instr) == 1024 * 16 * 8 * 2
+  assert hlo.quantizer_codes(_pallas("quantize_mxfp8", 0, 0), instr) == 1024 * 16 * 2 * 4
+  assert hlo.quantizer_codes(_pallas("quantize_amax_rht", 0, 0), instr) == 0

@@ -131,7 +131,7 @@ def test_llama3_tiny_step_runs_the_plans_mlp_gemms_on_te_nvfp4(gpu_of, quantizat
 @pytest.mark.parametrize("quantization", ["te_nvfp4", "te_nvfp4_no_rht"])
 def test_llama3_8b_step_lowers_with_te_nvfp4_on_the_plans_mlp_gemms(gpu_of, quantization):
   gpu_of(100)
-  cfg = _cfg("llama3_8b", f"quantization={quantization}")
+  cfg = _cfg("llama3_8b", f"quantization={quantization}", "remat_policy=full")
   assert cfg.scan_layers and cfg.remat_policy == "full"
   runs = check_te_gemms_follow_the_plan(cfg, rht=quantization == "te_nvfp4")
   te_layers = cfg.base_num_decoder_layers - 2

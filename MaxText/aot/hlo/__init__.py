@@ -26,6 +26,7 @@ from MaxText.aot.hlo.kernels import (
   kernel_bytes,
   kernel_traffic,
   kernels,
+  quantizer_codes,
   summary,
 )
 from MaxText.aot.hlo import schedule
@@ -64,6 +65,7 @@ __all__ = [
   "kernel_bytes",
   "kernel_traffic",
   "kernels",
+  "quantizer_codes",
   "parse",
   "replica_groups",
   "schedule",

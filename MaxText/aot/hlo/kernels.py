@@ -341,6 +341,16 @@ def _fusion(module, instr):
   return "elementwise", "fusion", 0.0, ()
 
 
+def quantizer_codes(kernel, instr):
+  """The values a Pallas quantizer writes, counted from its largest result's bytes (two E2M1 codes a byte for the FP4
+  formats, one FP8 code a byte otherwise); 0 for other kernels. Its operand can't say: a kernel may read bf16 pairs
+  as u32 words, half as many elements as values."""
+  name = kernel.pallas_name
+  if not name.startswith("quantize_") or "amax" in name:
+    return 0
+  return max(a.bytes for a in instr.shapes) * (2 if "fp4" in name else 1)
+
+
 def kernels(module, num_devices=1, devices_per_domain=None) -> list:
   """Every kernel of the step: one Kernel per launching instruction of each executed computation, with its runs per
   step. `devices_per_domain`: GPUs per NVLink domain (a collective whose groups span several crosses the network)."""
@@ -357,7 +367,7 @@ def kernels(module, num_devices=1, devices_per_domain=None) -> list:
         kernel.scores = attention_work(module, instr)[1]
       if category == "elementwise":  # the largest array it reads or writes: what a quantizer's cost is counted per
         operands = [a.elements for arrays in module.operand_arrays(instr) for a in arrays]
-        kernel.elements = max([*operands, *(a.elements for a in instr.shapes)], default=0)
+        kernel.elements = max([*operands, *(a.elements for a in instr.shapes), quantizer_codes(kernel, instr)])
       if category == "collective":
         kernel.collective = collective_info(module, instr, num_devices, devices_per_domain)
         kernel.bytes = kernel.collective["wire_bytes"]
