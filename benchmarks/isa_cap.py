@@ -67,9 +67,13 @@ def library():
 
 
 def env(level):
-  """The environment variables that run a child process under the cap `level`."""
+  """The environment variables that run a child process under the cap `level`, or under this process's own cap
+  where that one hides more (a cap inside a capped run never shows what the outer one hid)."""
   if level not in LEVELS:
     raise IsaCapError(f"ISA cap {level!r}: use one of {', '.join(LEVELS)}")
+  outer = os.environ.get("ISA_CAP")
+  if outer in LEVELS:
+    level = min(level, outer, key=LEVELS.index)
   preload = " ".join(p for p in (str(library()), os.environ.get("LD_PRELOAD", "")) if p)
   return {"LD_PRELOAD": preload, "ISA_CAP": level}
 

@@ -60,3 +60,10 @@ def test_the_programs_own_sigsegv_handler_still_runs():
 def test_an_unknown_level_is_refused():
   with pytest.raises(isa_cap.IsaCapError, match="use one of avx2, avx512, avx512_bf16"):
     isa_cap.env("sse2")
+
+
+def test_a_cap_inside_a_capped_run_keeps_the_outer_cap(monkeypatch):
+  monkeypatch.setenv("ISA_CAP", "avx2")
+  assert isa_cap.env("avx512_bf16")["ISA_CAP"] == "avx2"
+  monkeypatch.setenv("ISA_CAP", "avx512_bf16")
+  assert isa_cap.env("avx2")["ISA_CAP"] == "avx2"
