@@ -186,6 +186,11 @@ def test_b200_1_nvfp4_xla_backend_reads_the_pallas_narrow_operands_and_writes_bf
     f"quantize_nvfp4{v}_narrow" for v in ("", "_16x16", "_sr", "_rht", "_rht_sr")
   }, names
   assert not [k for k in step.kernels if k.kind == "fusion" and "_quantize_jit" in k.scope]  # no XLA-path quantizer
+  # x's and dy's amax: the second output of x_t's and dy_t's RHT amax pass, the two calls on dy one once compiled (and
+  # x's where the backward recomputes the forward): no more passes than RHT quantizers and forward x quantizers.
+  runs = lambda name: sum(k.count for k in quantizers if k.pallas_name == name)
+  rht_runs = runs("quantize_nvfp4_rht_narrow") + runs("quantize_nvfp4_rht_sr_narrow")
+  assert rht_runs <= runs("quantize_amax_rht") <= rht_runs + runs("quantize_nvfp4_narrow"), runs("quantize_amax_rht")
   # Each kernel's code read from the PTX compiled for sm_100a: the quantizers' instructions per element and bytes.
   assert all(k.code is not None and k.code.entry.target == "sm_100a" for k in quantizers)
   rows = report["quantizer_kernels"]

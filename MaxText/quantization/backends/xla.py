@@ -79,15 +79,32 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, transpose, interpr
     shape, tile=options["tile"], stochastic_rounding=options["stochastic_rounding"], key=key
   ):
     return None
-  # The plain amax (no RHT) as XLA's reduction, which XLA fuses into the kernel that produces x (the SwiGLU, the
-  # RMSNorm, the cast of a weight): no pass of its own over x. The same number as the amax pass (grids.abs_max); a
+  # The plain amax (no RHT) without a pass of its own over x (_plain_amax), the same number as the amax pass; a
   # shard's (partition.py) is then the largest over `amax_axes`, in nvfp4_narrow, as the pass's would be.
-  amax = None if options["rht"] else grids.abs_max(x.astype(jnp.float32))
+  amax = None if options["rht"] else _plain_amax(x, recipe, role, transpose, interpret)
   values, scales, amax = pallas_quantize.nvfp4_narrow(
     x, **options, transpose=transpose, interpret=interpret, amax=amax, amax_axes=amax_axes, draws=draws
   )
   e4m3_max = jnp.float32(nvfp4.global_e4m3_max(options["four_over_six"]))
   return QuantizedTensor(values, scales, amax, e4m3_max, tile=options["tile"])
+
+
+# Roles whose operand's other role is quantized with the RHT: (that role, whether it reads the operand transposed).
+_RHT_PARTNERS = {"dy": ("dy_t", True), "x": ("x_t", True)}
+
+
+def _plain_amax(x, recipe: Recipe, role, transpose, interpret):
+  """max |x| (f32) for a role without the RHT. Where the operand's other role is quantized with the RHT (x_t, dy_t):
+  the RHT amax pass's second output, that role's pass on the same array, which XLA runs once where both roles are in
+  one computation (dy and dy_t; x and x_t where the backward recomputes the forward); a forward's x reads x once more,
+  which the gb200-8 estimate prices below the reduction XLA otherwise fuses into x's producer. Else that reduction."""
+  partner, partner_transpose = _RHT_PARTNERS.get(role, (None, False))
+  # The partner's RHT runs along x's axis 0 (its contraction): whole blocks there, or the partner has no kernel pass.
+  if partner and not transpose and recipe.rht(partner) and x.shape[0] % nvfp4.BLOCK == 0:
+    from MaxText.quantization.kernels import pallas_quantize  # pylint: disable=import-outside-toplevel
+
+    return pallas_quantize.nvfp4_rht_pass_amax(x, transpose=partner_transpose, interpret=interpret)
+  return grids.abs_max(x.astype(jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2), static_argnames=("kernels", "transpose", "amax_axes"))

@@ -141,7 +141,11 @@ def _signed_sum(a, b, negate_a, negate_b):
 
 def bf16_inputs(isa, tiling: Tiling, x_ref):
   """The sixteen position tensors rounded to bf16 (the XLA path rounds the RHT's input), f32."""
-  p = tiling.load(x_ref, isa)
+  return rounded_to_bf16(isa, tiling, tiling.load(x_ref, isa))
+
+
+def rounded_to_bf16(isa, tiling: Tiling, p):
+  """Position tensors p (f32) rounded to bf16: p itself where the operand is bf16."""
   if tiling.dtype == jnp.bfloat16:
     return p
   return [v for i in range(0, BLOCK, 2) for v in ptx.bf16_rn_pair(isa, p[i], p[i + 1])]
@@ -224,10 +228,12 @@ def quantize_body(isa, scalars_ref, mixes_ref, blocks_ref, x_ref, words_ref, cod
   codes_ref[...] = tiling.to_stored(code).astype(jnp.uint8)
 
 
-def amax_rht_body(isa, x_ref, o_ref, *, tiling):
-  """One program's max |RHT(x)| as magnitude bits (of the bf16 sums; the caller applies the 1/4)."""
-  pairs = hadamard16_pairs(isa, bf16_inputs(isa, tiling, x_ref))
-  o_ref[...] = jnp.max(ptx.bf16x2_magnitude_max_bits(isa, pairs)).reshape(1, 1, 1)
+def amax_rht_body(isa, x_ref, rht_ref, plain_ref, *, tiling):
+  """One program's max |RHT(x)| (of the bf16 sums; the caller applies the 1/4) and max |x|, as magnitude bits."""
+  p = tiling.load(x_ref, isa)
+  pairs = hadamard16_pairs(isa, rounded_to_bf16(isa, tiling, p))
+  rht_ref[...] = jnp.max(ptx.bf16x2_magnitude_max_bits(isa, pairs)).reshape(1, 1, 1)
+  plain_ref[...] = jnp.max(magnitude_max_bits(p)).reshape(1, 1, 1)
 
 
 # ---------------------------------------------------------------- the calls
@@ -238,21 +244,22 @@ def _params():
 
 
 def amax_rht(x_padded, *, transpose, interpret):
-  """max |nvfp4.hadamard16(operand)| (f32) of the operand x_padded (.T if transpose), rows a multiple of 16."""
+  """(max |nvfp4.hadamard16(operand)|, max |operand|) (f32) of the operand x_padded (.T if transpose), rows a multiple
+  of 16: one read for the RHT'd operand's global scale and the plain one's (the same operand's other role)."""
   rows, cols = x_padded.shape[::-1] if transpose else x_padded.shape
   tiling = make_tiling(rows, cols // BLOCK, transpose=transpose, dtype=x_padded.dtype)
   isa = ptx.isa_for(interpret)
-  partial = pl.pallas_call(
+  rht_bits, plain_bits = pl.pallas_call(
     functools.partial(amax_rht_body, isa, tiling=tiling),
-    out_shape=jax.ShapeDtypeStruct((1, *tiling.grid), jnp.uint32),
+    out_shape=(jax.ShapeDtypeStruct((1, *tiling.grid), jnp.uint32),) * 2,
     grid=tiling.grid,
     in_specs=[tiling.in_spec()],
-    out_specs=pl.BlockSpec((1, 1, 1), lambda i, j: (0, i, j)),
+    out_specs=(pl.BlockSpec((1, 1, 1), lambda i, j: (0, i, j)),) * 2,
     compiler_params=_params(),
     interpret=interpret,
     name=KERNEL_PREFIX + "amax_rht",
   )(tiling.view(x_padded))
-  return grids.f32_from_bits(jnp.max(partial)) * np.float32(0.25)
+  return grids.f32_from_bits(jnp.max(rht_bits)) * np.float32(0.25), grids.f32_from_bits(jnp.max(plain_bits))
 
 
 def quantize(x_padded, s_enc, *, transpose, tile_rows, rht, key, sr_rows, sr_blocks, interpret, name):

@@ -63,7 +63,7 @@ def _amax_kernel(x_ref, o_ref, *, layout):
 def amax_padded(x_padded, *, transpose, rht, interpret):
   """max |operand| (of its RHT if rht) as f32, from per-program maxima (uint32 magnitude bits) reduced by XLA."""
   if rht:  # the butterfly runs along the operand's blocks: read as the quantize pass does
-    return nvfp4_narrow_kernel.amax_rht(x_padded, transpose=transpose, interpret=interpret)
+    return nvfp4_narrow_kernel.amax_rht(x_padded, transpose=transpose, interpret=interpret)[0]
   stored_rows, stored_cols = x_padded.shape  # layout-free: read the stored array as it is
   layout = pallas_layout.make_layout(stored_rows, stored_cols, transpose=False)
   grid = layout.grid
@@ -78,6 +78,14 @@ def amax_padded(x_padded, *, transpose, rht, interpret):
     name=KERNEL_PREFIX + "amax",
   )(layout.view(x_padded))
   return grids.f32_from_bits(jnp.max(partial))
+
+
+def nvfp4_rht_pass_amax(x, *, transpose, interpret=False):
+  """max |operand| (f32) from the RHT amax pass of the operand x (x.T if transpose), padded as nvfp4_narrow pads it:
+  for an operand whose other role is quantized with the RHT (x_t, dy_t), whose nvfp4_narrow runs the same pass on
+  the same array, the one call XLA keeps of the two (common subexpressions) gives both amaxes from one read."""
+  padded = pallas_layout.pad_operand(x, transpose=transpose, row_multiple=1, col_multiple=NVFP4_BLOCK)
+  return nvfp4_narrow_kernel.amax_rht(padded, transpose=transpose, interpret=interpret)[1]
 
 
 # ---------------------------------------------------------------- NVFP4

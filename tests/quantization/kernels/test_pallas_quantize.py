@@ -182,6 +182,22 @@ def test_kernels_ignore_how_the_backend_divides(name):
     assert same_bits(got[role].values, want[role].values) and same_bits(got[role].global_scale, want[role].global_scale)
 
 
+def test_the_rht_amax_pass_gives_the_operands_plain_amax_too():
+  """The RHT amax pass's second output (dy's amax, from the pass dy_t runs anyway) is grids.abs_max's number bit for
+  bit on random and adversarial operands (NaN, inf, zeros, subnormals), bf16 (f32 too for two), read as dy^T; its
+  first, the RHT's, the XLA path's."""
+  operands = adversarial_operands((M, K), seed=5)
+  operands["subnormal"] = operands["random"] * 1e-39
+  for kind, x in operands.items():
+    for dtype in (jnp.bfloat16, jnp.float32) if kind in ("random", "nan") else (jnp.bfloat16,):
+      dy = x.astype(dtype)
+      plain = pallas_quantize.nvfp4_rht_pass_amax(dy, transpose=True, interpret=True)
+      assert plain.dtype == jnp.float32 and same_bits(plain, grids.abs_max(dy.astype(jnp.float32))), (kind, dtype)
+      rht = pallas_quantize.amax_padded(dy, transpose=True, rht=True, interpret=True)
+      want = grids.abs_max(nvfp4.hadamard16(dy.T).astype(jnp.float32))
+      assert kind == "subnormal" or same_bits(rht, want), (kind, dtype)  # subnormal sums: the module's one exception
+
+
 @pytest.mark.slow
 def test_ragged_operands_pad_as_the_xla_path_does():
   """Last axis (and, for 16x16 tiles, first axis) not a multiple of 16; odd rows with SR run the XLA path."""
