@@ -52,7 +52,7 @@ def test_rht_roles_are_measured_against_the_rotated_operand():
   assert err_rht == pytest.approx(float(expected), rel=1e-6)
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_sink_gradient_carries_stats_and_leaves_the_gemm_unchanged():
   x = jax.random.normal(jax.random.key(2), (32, 64), jnp.bfloat16)
   w = jax.random.normal(jax.random.key(3), (64, 48)) * 0.05
