@@ -61,7 +61,8 @@ class Kernel:
   dtypes: tuple = ()  # a GEMM's operand element types
   collective: typing.Optional[dict] = None  # data bytes, group size, domains crossed
   scores: float = 0.0  # attention: scores (Q-K pairs) per run, times passes over them (forward 1, backward 2)
-  elements: float = 0.0  # an elementwise kernel: elements of its largest operand or result (a quantizer's tensor)
+  elements: float = 0.0  # an elementwise kernel: elements of its largest operand or result, or the values a
+  # quantizer writes where more (quantizer_codes): what per-element figures count
   read_bytes: float = 0.0  # of `bytes`, those read
   code: typing.Any = None  # what its threads execute where the compiler's dump was read (aot.dump.Code)
 

@@ -89,8 +89,8 @@ def _quantize_with_kernels(x, recipe: Recipe, role: str, key, transpose, interpr
   return QuantizedTensor(values, scales, amax, e4m3_max, tile=options["tile"])
 
 
-# Roles whose operand's other role is quantized with the RHT: (that role, whether it reads the operand transposed).
-_RHT_PARTNERS = {"dy": ("dy_t", True), "x": ("x_t", True)}
+# Roles whose operand's other role (which reads it transposed) may be quantized with the RHT.
+_RHT_PARTNERS = {"dy": "dy_t", "x": "x_t"}
 
 
 def _plain_amax(x, recipe: Recipe, role, transpose, interpret):
@@ -98,12 +98,12 @@ def _plain_amax(x, recipe: Recipe, role, transpose, interpret):
   the RHT amax pass's second output, that role's pass on the same array, which XLA runs once where both roles are in
   one computation (dy and dy_t; x and x_t where the backward recomputes the forward); a forward's x reads x once more,
   which the gb200-8 estimate prices below the reduction XLA otherwise fuses into x's producer. Else that reduction."""
-  partner, partner_transpose = _RHT_PARTNERS.get(role, (None, False))
+  partner = _RHT_PARTNERS.get(role)
   # The partner's RHT runs along x's axis 0 (its contraction): whole blocks there, or the partner has no kernel pass.
   if partner and not transpose and recipe.rht(partner) and x.shape[0] % nvfp4.BLOCK == 0:
     from MaxText.quantization.kernels import pallas_quantize  # pylint: disable=import-outside-toplevel
 
-    return pallas_quantize.nvfp4_rht_pass_amax(x, transpose=partner_transpose, interpret=interpret)
+    return pallas_quantize.nvfp4_rht_pass_amax(x, transpose=True, interpret=interpret)
   return grids.abs_max(x.astype(jnp.float32))
 
 
