@@ -1,7 +1,7 @@
 """The layout's rules, read from the source: the quantization library imports nothing from the rest of MaxText,
 packages import only downwards (config -> runtime/data/checkpointing -> precision -> model -> trainer -> hooks ->
-run setup -> the CLI), modules import in no cycle, and every user-facing error has one of the two roots the CLI
-catches."""
+run setup -> the CLI), modules import in no cycle, every user-facing error has one of the two roots the CLI
+catches, and no function is longer than 60 lines."""
 
 import ast
 import importlib
@@ -153,3 +153,19 @@ def test_no_recipe_name_is_compared_outside_precision_and_quantization(directory
   for path in (PACKAGE / directory).rglob("*.py"):
     text = path.read_text(encoding="utf-8")
     assert '"te_' not in text and 'startswith("te_' not in text, path
+
+
+# Short functions, nanodo's style: a function past this many lines (decorators and docstring included) is split.
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_in_maxtext_is_longer_than_the_style_allows():
+  long = []
+  for module, path in MODULES.items():
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        if node.end_lineno - first + 1 > MAX_FUNCTION_LINES:
+          long.append(f"{module}.{node.name}: {node.end_lineno - first + 1} lines")
+  assert not long
+  assert len(MODULES) > 100  # the whole package was read
