@@ -397,13 +397,38 @@ def print_score(rows):
     )
 
 
+# The predictions benchmarks/RESULTS.md shows, per GPU side by side: the Pallas quantizers, cuDNN attention and each
+# mode's device time per step (the JSONs also hold the XLA-path quantizers and step memory).
+TABLE_GPUS = ("h100", "h200")
+
+
+def _shown(metric):
+  return metric["unit"] == "ms" and (metric["part"] != "quantize" or metric["subject"].endswith("[pallas]"))
+
+
+def predictions_table(directory=PREDICTIONS, gpus=TABLE_GPUS):
+  """RESULTS.md's table of the predictions in `directory`: one row per shown metric, one column per GPU."""
+  files = [json.loads((pathlib.Path(directory) / f"{g}.json").read_text(encoding="utf-8")) for g in gpus]
+  columns = [{(m["part"], m["name"], m["subject"]): m["value"] for m in f["metrics"] if _shown(m)} for f in files]
+  lines = [f"| part | metric | subject | {' | '.join(f'{g}-1' for g in gpus)} |", "|---|---|---|" + "---:|" * len(gpus)]
+  for part, name, subject in columns[0]:
+    digits = 1 if part.startswith("throughput") else 3
+    values = " | ".join(f"{c[(part, name, subject)]:.{digits}f}" for c in columns)
+    lines.append(f"| {part} | {name} (ms) | {subject} | {values} |")
+  return lines
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
   parser.add_argument("--json", help="write the rows and the fit here")
   parser.add_argument("--quantizers-only", action="store_true", help="only the quantizer rows (no step compiles)")
   parser.add_argument("--predict-gpu-bench", metavar="GPU", help="write every gpu-bench configuration's prediction")
   parser.add_argument("--score", nargs=2, metavar=("MEASURED_DIR", "PREDICTIONS"), help="measured vs predicted")
+  parser.add_argument("--predictions-table", action="store_true", help="print RESULTS.md's table of the predictions")
   args = parser.parse_args(argv)
+  if args.predictions_table:
+    print("\n".join(predictions_table()))
+    return 0
   if args.score:
     rows = score(*args.score)
     print_score(rows) if rows else print(f"no predictions in {args.score[1]} for the GPU of {args.score[0]}")
