@@ -4,6 +4,7 @@ import contextlib
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,13 @@ TEST_XLA_FLAGS = ""
 if os.environ.get("MAXTEXT_TEST_XLA_OPT") != "default" and not os.path.exists("/dev/nvidiactl"):
   TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false"
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+
+# A suite started as a shell's background job (`make test &`, nohup, some CI runners) starts with SIGINT ignored,
+# which every process it starts inherits, and the product rightly leaves an ignored signal ignored. The tests that
+# interrupt a program need SIGINT to arrive, so the suite takes it back: a Python handler here becomes the default
+# action in the programs the tests run.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+  signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def cpu_subprocess_env(devices, **extra):
