@@ -226,3 +226,15 @@ def test_the_kernel_model_reproduces_the_h100_quantizer_times_within_20_percent(
     assert estimate <= measured * 1.2, (estimate, measured)
   else:
     assert estimate == pytest.approx(measured, rel=0.2), (estimate, measured)
+
+
+@pytest.mark.heavy
+def test_the_calibration_compiles_the_8b_layer_step_the_h100_ran():
+  """The calibration's rows compile what the H100 ran on 2026-11-27, whatever today's `auto` defaults choose: the
+  8B-layer bf16 step compiled for h100-1 takes the memory XLA's analysis gave the executable the H100 ran."""
+  from benchmarks import roofline_calibration as rc  # pylint: disable=import-outside-toplevel
+
+  label, path, overrides, _, _, measured_bytes = rc.measured_rows()[0]
+  assert label == "8B-layer bf16"
+  step = rc.compiled(path, overrides)
+  assert step.memory["peak_bytes"] == pytest.approx(measured_bytes, abs=16 * 1024)
