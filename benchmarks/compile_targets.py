@@ -146,20 +146,31 @@ def setup_table(records):
     )
 
 
+# How close an NVFP4 / FP8 ratio of ours must come to the published one to count as reproduced.
+RATIO_TOLERANCE = 0.10
+
+
 def ratio_table(records):
-  """Per setup: our NVFP4/FP8 ratio (each scenario's own pair: point, the range's ends) beside the published one."""
+  """Per setup: each mode's model TFLOP/s per GPU (range) beside the published, and our NVFP4 / FP8 ratio (each
+  scenario's own pair: point, the range's ends) beside the published ratio, within RATIO_TOLERANCE or not."""
   presets = {(r["model"], r["gpu"], r["mode"]): r["report"] for r in records if r["candidate"] == "preset"}
-  print("\n| model | GPU | ours NVFP4 / FP8 (range) | published NVFP4 / FP8 | ours / published ratio |")
-  print("|---|---|---:|---:|---:|")
+  print(
+    "\n| setup | FP8: ours (range) / published | NVFP4: ours (range) / published | NVFP4 / FP8: ours (range) | "
+    "published | ours / published | within 10% |"
+  )
+  print("|---|---:|---:|---:|---:|---:|---|")
   for (model, gpu), (fp8, nvfp4) in PUBLISHED.items():
     a, b = presets.get((model, gpu, "fp8")), presets.get((model, gpu, "nvfp4"))
     if not a or not b:
       continue
     ours = a["estimate"]["ms_per_step"]["total"] / b["estimate"]["ms_per_step"]["total"]
     ends = [a["estimate"]["range_ms"][e] / b["estimate"]["range_ms"][e] for e in ("low", "high")]
+    tflops = lambda report, published: "{:,.0f} ({:,.0f} - {:,.0f}) / {:,}".format(*_tflops(report), published)
+    versus = ours / (nvfp4 / fp8)
+    within = "yes" if abs(versus - 1) <= RATIO_TOLERANCE else "**no**"
     print(
-      f"| {model} | {gpu} | {ours:.3f} ({min(ends):.3f} - {max(ends):.3f}) | {nvfp4 / fp8:.3f} | "
-      f"{ours / (nvfp4 / fp8):.3f} |"
+      f"| {model}, {a['num_devices']} {gpu.upper()} | {tflops(a, fp8)} | {tflops(b, nvfp4)} | {ours:.3f} "
+      f"({min(ends):.3f} - {max(ends):.3f}) | {nvfp4 / fp8:.3f} | {versus:.3f} | {within} |"
     )
 
 

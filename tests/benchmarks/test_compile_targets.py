@@ -1,9 +1,15 @@
 """benchmarks/compile_targets.py: the published setups' table -- ours beside the published figure, and the NVFP4 /
-FP8 ratio each scenario gives (its point and its range's ends) beside the published ratio."""
+FP8 ratio each scenario gives (its point and its range's ends) beside the published ratio; RESULTS.md's copy of the
+committed tables."""
+
+import json
+import pathlib
 
 import pytest
 
 from benchmarks import compile_targets as ct
+
+REPO = pathlib.Path(ct.__file__).resolve().parents[1]
 
 
 def _report(total, low, high, flops=1e15, fits=True):
@@ -15,7 +21,7 @@ def _report(total, low, high, flops=1e15, fits=True):
     "model_tflops_range": [tflops(high), tflops(low)],
   }
   memory = {"peak_bytes": 100 * 2**30, "available_bytes": 138 * 2**30}
-  return {"estimate": estimate, "memory": memory, "fits": fits, "target": "gb200-4"}
+  return {"estimate": estimate, "memory": memory, "fits": fits, "target": "gb200-4", "num_devices": 4}
 
 
 def _record(mode, report, candidate="preset"):
@@ -30,10 +36,26 @@ def test_ours_beside_the_published_and_the_ratio_each_scenario_gives(capsys):
   fp8 = next(line for line in out if line.startswith("| Llama 3 8B | gb200-4 | fp8 |")).split(" | ")
   assert fp8[5] == "1000 (900 - 1200)" and fp8[6] == "10 / 90" and fp8[8] == "1,497"
   assert fp8[7] == "1,000 (833 - 1,111)" and fp8[9] == f"{1000 / 1497:.2f} |"
-  ratio = next(line for line in out if line.startswith("| Llama 3 8B | gb200 |")).split(" | ")
+  ratio = next(line for line in out if line.startswith("| Llama 3 8B, 4 GB200 |")).split(" | ")
+  assert ratio[1] == "1,000 (833 - 1,111) / 1,497" and ratio[2] == "1,250 (1,000 - 1,429) / 2,017"
   # point 1000 / 800; the range's ends pair each scenario's own steps: 900 / 700 and 1200 / 1000.
-  assert ratio[2] == f"{1000 / 800:.3f} ({1200 / 1000:.3f} - {900 / 700:.3f})"
-  assert ratio[3] == f"{2017 / 1497:.3f}" and ratio[4] == f"{1.25 / (2017 / 1497):.3f} |"
+  assert ratio[3] == f"{1000 / 800:.3f} ({1200 / 1000:.3f} - {900 / 700:.3f})"
+  assert ratio[4] == f"{2017 / 1497:.3f}" and ratio[5] == f"{1.25 / (2017 / 1497):.3f}" == "0.928"
+  assert ratio[6] == "yes |"  # 0.928 is within 10% of the published ratio
+
+
+def test_results_shows_the_tables_of_the_committed_json(capsys):
+  """RESULTS.md's published-setups section: every table row is one `--from-json` prints from the committed JSON
+  (both tables whole), and the section names the JSON's commit."""
+  data = REPO / "benchmarks" / "results" / "train_compile" / "published_setups.json"
+  assert ct.main(["--from-json", str(data)]) == 0
+  printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+  results = (REPO / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+  start = results.index("## The published NVFP4 setups")
+  section = results[start : results.index("\n## ", start + 1)]
+  rows = [line for line in section.splitlines() if line.startswith("|")]
+  assert len(printed) >= 19 and rows == printed
+  assert f"- **Commit**: {json.loads(data.read_text(encoding='utf-8'))['commit']}." in section
 
 
 def test_every_published_setup_has_its_presets_and_a_source():
