@@ -152,7 +152,7 @@ def main(argv=None):
   rows = measure(cfg, args.variants, args.iters)
   info = modes_lib.machine()
   print(
-    f"\nattention: {' '.join([args.config, *overrides])} (B {int(cfg.per_device_batch_size)}, S "
+    f"\nattention: {modes_lib.described(args.config, overrides)} (B {int(cfg.per_device_batch_size)}, S "
     f"{cfg.max_target_length}, {cfg.base_num_query_heads} q / {cfg.base_num_kv_heads} kv heads of "
     f"{cfg.head_dim}, attention={cfg.attention}; commit {info['commit']}, {info['device']})\n"
   )

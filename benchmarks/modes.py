@@ -54,6 +54,18 @@ class OneLineParser(argparse.ArgumentParser):
     return known, extra
 
 
+def recorded_path(path):
+  """A path as a record shows it: relative to the repository when inside it (the same config reads the same from
+  any clone), else as given."""
+  path = pathlib.Path(path)
+  return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def described(config_path, overrides):
+  """'CONFIG key=value ...' of a harness's header line, the config as recorded_path shows it."""
+  return " ".join([recorded_path(config_path), *overrides])
+
+
 def argument_parser(doc, default_modes, default_steps):
   """--config, --modes, --steps; any other key=value argument is a trainer override (parse_known_args). Paths given
   are read against the working directory (config.absolute_path); the default config is the repository's."""
@@ -85,7 +97,10 @@ def write_json(path, machine_info, config_path, overrides, rows):
   """A harness's rows as JSON, with the machine record and the config they were measured on."""
   pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
   pathlib.Path(path).write_text(
-    json.dumps({"machine": machine_info, "config": config_path, "overrides": overrides, "rows": rows}, indent=1) + "\n",
+    json.dumps(
+      {"machine": machine_info, "config": recorded_path(config_path), "overrides": overrides, "rows": rows}, indent=1
+    )
+    + "\n",
     encoding="utf-8",
   )
 

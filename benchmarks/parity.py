@@ -491,7 +491,7 @@ def write_outputs(out, args, overrides, seeds, collected, memory, cfg):
   info = modes_lib.machine()
   tokens = sorted({int(t) for by_seed in eval_tokens.values() for t in by_seed.values() if t})
   header = (
-    f"parity: {' '.join([args.config, *overrides])}, {args.steps} steps, {len(seeds)} seed(s); commit "
+    f"parity: {modes_lib.described(args.config, overrides)}, {args.steps} steps, {len(seeds)} seed(s); commit "
     f"{info['commit']}, {info['device']}" + (f"; final eval over {'/'.join(map(str, tokens))} tokens" if tokens else "")
   )
   if len(seeds) == 1:
@@ -508,7 +508,7 @@ def write_outputs(out, args, overrides, seeds, collected, memory, cfg):
     json.dumps(
       {
         "machine": info,
-        "config": args.config,
+        "config": modes_lib.recorded_path(args.config),
         "overrides": overrides,
         "steps": args.steps,
         "seeds": seeds,

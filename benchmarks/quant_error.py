@@ -96,7 +96,7 @@ def main(argv=None):
     errors = measure(args.config, overrides, args.modes, args.steps, args.out or tmp)
   info = modes_lib.machine()
   print(
-    f"\nquantization error: {' '.join([args.config, *overrides])} ({args.steps} step(s) per mode; "
+    f"\nquantization error: {modes_lib.described(args.config, overrides)} ({args.steps} step(s) per mode; "
     f"commit {info['commit']}, {info['device']})\n"
   )
   print(markdown(errors))

@@ -103,7 +103,7 @@ def main(argv=None):
     modes_lib.fail("--modes names one mode and --steps is >= 1")
   modes_lib.load_configs(args.config, overrides, args.modes)  # a bad override: one line here, not in a child
   rows = measure(args.config, [*overrides, *modes_lib.parse_mode(args.modes[0])[1]], args.steps)
-  print(f"\nrestart: {' '.join([args.config, *overrides])} {args.modes[0]}\n\n{markdown(rows)}")
+  print(f"\nrestart: {modes_lib.described(args.config, overrides)} {args.modes[0]}\n\n{markdown(rows)}")
   if args.json:
     modes_lib.write_json(args.json, modes_lib.machine(), args.config, overrides, rows)
   return 0

@@ -229,7 +229,7 @@ def main(argv=None):
       rows = measure_in_processes(*measure_args, gpu_xla_flags=not args.no_gpu_xla_flags)
   info = modes_lib.machine()
   print(
-    f"\nthroughput: {' '.join([args.config, *overrides])} ({args.steps} steps after {args.warmup} warm-up; "
+    f"\nthroughput: {modes_lib.described(args.config, overrides)} ({args.steps} steps after {args.warmup} warm-up; "
     f"commit {info['commit']}, {info['device']})\n"
   )
   print(markdown(rows))

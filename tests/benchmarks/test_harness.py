@@ -29,6 +29,16 @@ def test_parse_mode(capsys):
   assert modes.peak_tflops("cpu") is None
 
 
+def test_records_name_a_repository_config_by_its_path_in_the_repository(tmp_path):
+  """A record (JSON, header line) written from any clone names the same config the same way; one outside the
+  repository keeps the path it was given."""
+  assert modes.recorded_path(REPO / "configs" / "llama3_tiny.yml") == "configs/llama3_tiny.yml"
+  assert modes.described(str(REPO / "configs" / "llama3_tiny.yml"), ["steps=3"]) == "configs/llama3_tiny.yml steps=3"
+  assert modes.recorded_path(tmp_path / "mine.yml") == str(tmp_path / "mine.yml")
+  modes.write_json(tmp_path / "r.json", {}, str(REPO / "configs" / "llama3_8b.yml"), [], [])
+  assert json.loads((tmp_path / "r.json").read_text())["config"] == "configs/llama3_8b.yml"
+
+
 def test_analysis_on_known_curves():
   steps = np.arange(1, 1001)
   base = 2.0 + 3.0 / np.sqrt(steps)
