@@ -156,7 +156,7 @@ def ratio_table(records):
   presets = {(r["model"], r["gpu"], r["mode"]): r["report"] for r in records if r["candidate"] == "preset"}
   print(
     "\n| setup | FP8: ours (range) / published | NVFP4: ours (range) / published | NVFP4 / FP8: ours (range) | "
-    "published | ours / published | within 10% |"
+    f"published | ours / published | within {RATIO_TOLERANCE:.0%} |"
   )
   print("|---|---:|---:|---:|---:|---:|---|")
   for (model, gpu), (fp8, nvfp4) in PUBLISHED.items():

@@ -1,15 +1,9 @@
 """benchmarks/compile_targets.py: the published setups' table -- ours beside the published figure, and the NVFP4 /
-FP8 ratio each scenario gives (its point and its range's ends) beside the published ratio; RESULTS.md's copy of the
-committed tables."""
-
-import json
-import pathlib
+FP8 ratio each scenario gives (its point and its range's ends) beside the published ratio."""
 
 import pytest
 
 from benchmarks import compile_targets as ct
-
-REPO = pathlib.Path(ct.__file__).resolve().parents[1]
 
 
 def _report(total, low, high, flops=1e15, fits=True):
@@ -42,20 +36,6 @@ def test_ours_beside_the_published_and_the_ratio_each_scenario_gives(capsys):
   assert ratio[3] == f"{1000 / 800:.3f} ({1200 / 1000:.3f} - {900 / 700:.3f})"
   assert ratio[4] == f"{2017 / 1497:.3f}" and ratio[5] == f"{1.25 / (2017 / 1497):.3f}" == "0.928"
   assert ratio[6] == "yes |"  # 0.928 is within 10% of the published ratio
-
-
-def test_results_shows_the_tables_of_the_committed_json(capsys):
-  """RESULTS.md's published-setups section: every table row is one `--from-json` prints from the committed JSON
-  (both tables whole), and the section names the JSON's commit."""
-  data = REPO / "benchmarks" / "results" / "train_compile" / "published_setups.json"
-  assert ct.main(["--from-json", str(data)]) == 0
-  printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
-  results = (REPO / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
-  start = results.index("## The published NVFP4 setups")
-  section = results[start : results.index("\n## ", start + 1)]
-  rows = [line for line in section.splitlines() if line.startswith("|")]
-  assert len(printed) >= 19 and rows == printed
-  assert f"- **Commit**: {json.loads(data.read_text(encoding='utf-8'))['commit']}." in section
 
 
 def test_every_published_setup_has_its_presets_and_a_source():

@@ -45,15 +45,3 @@ def test_the_predictions_of_the_gpu_the_run_names_are_found(tmp_path):
   assert rc.predictions_for(measured, predictions) == predictions / "h200.json"
   (measured / "quantize.json").write_text(json.dumps({"machine": {"device": "1x NVIDIA A100-SXM4-80GB (gpu)"}}))
   assert rc.predictions_for(measured, predictions) is None and rc.score(measured, predictions) == []
-
-
-def test_results_shows_the_predictions_of_the_committed_files():
-  """RESULTS.md's predictions table is the committed JSONs' (roofline_calibration.py --predictions-table), and its
-  section names the commit they were written at."""
-  results = (rc.REPO / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
-  table = "\n".join(rc.predictions_table())
-  assert table in results
-  section = results[: results.index(table)].rsplit("\n## ", 1)[1]
-  commits = {json.loads((rc.PREDICTIONS / f"{g}.json").read_text())["commit"] for g in rc.TABLE_GPUS}
-  assert len(commits) == 1 and f"- **Commit**: {commits.pop()}." in section
-  assert "--predictions-table" in section
